@@ -1,0 +1,42 @@
+"""Declarative model surgery for PyTorch: name modules by glob, list actions, apply, remove.
+
+>>> import surgery
+>>> plan = surgery.plan(model, "linearize")
+>>> with surgery.apply(model, plan) as s:
+...     y = model(x)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from surgery.compiler import Plan, compile_plan
+from surgery.engine import Surgery, apply_plan
+from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
+
+__version__ = "0.1.0"
+
+
+def plan(model: nn.Module, actions: Any, *, seed: int = 0, strict: bool = True, safe: bool = False) -> Plan:
+    """Compile ``actions`` (a name in conf/actions, a YAML path, a dict or DictConfig) for ``model``."""
+    return compile_plan(model, actions, seed=seed, strict=strict, safe=safe)
+
+
+def apply(model: nn.Module, plan_or_actions: Any, **plan_options: Any) -> Surgery:
+    """Apply a plan (or compile ``actions`` first) all-or-nothing; returns a removable Surgery."""
+    return apply_plan(model, plan_or_actions, **plan_options)
+
+
+__all__ = [
+    "ActionError",
+    "ConfigError",
+    "NoMatchError",
+    "Plan",
+    "Surgery",
+    "SurgeryError",
+    "apply",
+    "plan",
+    "__version__",
+]

@@ -1,0 +1,5 @@
+"""``python -m surgery``."""
+
+from surgery.cli import main
+
+main()

@@ -1,0 +1,150 @@
+"""What every action kind shares: the bind context, the bound ``Step`` and tensor lookups.
+
+A kind validates its config against the modules it matched (``bind``, at plan time,
+touching nothing) and returns the function that performs it (``apply``, given the
+``Ledger`` that owns every change). Kinds never import the engine or the CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from surgery.errors import ActionError, NoMatchError, SurgeryError
+from surgery.ledger import Ledger
+from surgery.registry import Registry
+from surgery.select import Target, closest_names, compile_globs, select_params
+
+APPLY_PASS = "apply pass"
+FORWARD_PRE_HOOK = "forward pre-hook"
+FORWARD_HOOK = "forward hook"
+FULL_BACKWARD_HOOK = "full backward hook"
+TENSOR_HOOK = "tensor hook"
+STATE_DICT_HOOK = "state-dict hook"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of a tensor an earlier action of the same plan will add."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str  # "parameters" or "buffers"
+
+
+@dataclass
+class BindContext:
+    """What a kind may know while binding: names, settings, the model, earlier additions."""
+
+    name: str
+    seed: int
+    strict: bool
+    safe: bool
+    root: nn.Module
+    added: dict[int, dict[str, TensorSpec]] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        """Config path of this action, for messages: ``actions.NAME``."""
+        return f"actions.{self.name}"
+
+
+@dataclass
+class Step:
+    """One action bound to what it matched; ``apply(ledger)`` performs it."""
+
+    name: str
+    kind: str
+    mechanism: str
+    config: Any
+    targets: list[Target]
+    apply: Callable[[Ledger], None]
+    tensors: list[str] = field(default_factory=list)  # full names, for parameter-level kinds
+    enabled: bool = True
+
+
+class Kind:
+    """An action kind: a schema, the PyTorch mechanism it compiles to, and ``bind``."""
+
+    name: ClassVar[str]
+    schema: ClassVar[type]
+    mechanism: ClassVar[str]
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Check ``cfg`` against the matched modules and return the step that applies it."""
+        raise NotImplementedError
+
+
+KINDS: Registry[type[Kind]] = Registry("action kind")
+
+
+def full_name(target: Target, tensor_name: str) -> str:
+    """The dotted name of a module's tensor as in ``named_parameters()`` (canonical)."""
+    return tensor_name if target.name == "<root>" else f"{target.name}.{tensor_name}"
+
+
+def tensors_of(
+    targets: list[Target], pattern: str, ctx: BindContext, kind: str = "parameters", allow_empty: bool = False
+) -> list[tuple[Target, str, TensorSpec]]:
+    """(module, tensor name, spec) for each own tensor matching ``pattern``, added ones included.
+
+    Modules with no matching tensor drop out; matching nothing anywhere is a NoMatchError
+    under ``strict`` that lists the tensor names the selected modules do have.
+    """
+    found: list[tuple[Target, str, TensorSpec]] = []
+    seen_names: list[str] = []
+    matches = compile_globs([pattern], f"{ctx.where}.param")
+    for target in targets:
+        own = {n: TensorSpec(tuple(t.shape), t.dtype, kind) for n, t in select_params(target, "*", ctx.where, kind)}
+        own.update({n: s for n, s in ctx.added.get(id(target.module), {}).items() if s.kind == kind})
+        seen_names.extend(own)
+        found.extend((target, n, spec) for n, spec in own.items() if matches(n))
+    if not found and ctx.strict and not allow_empty:
+        what = "parameter" if kind == "parameters" else "buffer"
+        names = sorted(set(seen_names))
+        hint = f" Closest {what} names: {', '.join(closest_names(pattern, names))}." if names else ""
+        raise NoMatchError(
+            f"{ctx.where}.param: {pattern!r} matched no {what} of the {len(targets)} selected module(s).{hint}"
+            " Set allow_empty: true if that is expected."
+        )
+    return found
+
+
+def modules_of(found: list[tuple[Target, str, TensorSpec]]) -> list[Target]:
+    """The distinct modules of (module, tensor, spec) triples, in order."""
+    return list(dict.fromkeys(t for t, _, _ in found))
+
+
+def tensors_named(found: list[tuple[Target, str, TensorSpec]]) -> list[str]:
+    """Full dotted names of (module, tensor, spec) triples, for the plan table."""
+    return [full_name(t, n) for t, n, _ in found]
+
+
+def generator_for(seed: int, action: str, device: torch.device) -> torch.Generator:
+    """A generator seeded from the run seed and the action name, so runs are reproducible."""
+    digest = hashlib.sha256(f"{seed}/{action}".encode()).digest()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return gen
+
+
+def tensor_named(module: nn.Module, name: str) -> torch.Tensor:
+    """The module's own parameter or buffer ``name`` (looked up at apply time)."""
+    tensor = module._parameters.get(name)
+    if tensor is None:
+        tensor = module._buffers.get(name)
+    if tensor is None:
+        raise KeyError(f"module has no parameter or buffer {name!r}")
+    return tensor
+
+
+def hook_failed(action: str, module: str, error: Exception) -> ActionError:
+    """The error a hook raises when its body fails: it names the action and the module."""
+    if isinstance(error, SurgeryError):
+        return ActionError(f"actions.{action} on module {module!r}: {error}")
+    return ActionError(f"actions.{action} on module {module!r}: {type(error).__name__}: {error}")

@@ -1,0 +1,87 @@
+"""Looking without changing: ``capture`` (records calls) and ``log`` (prints them); forward hooks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, Step, hook_failed
+from surgery.ledger import Ledger
+from surgery.records import Call, detached
+from surgery.schema import CaptureAction, LogAction
+from surgery.select import Target
+
+
+@KINDS.register("capture")
+class Capture(Kind):
+    """Record ``what`` (input, output) of every call into ``captures[ACTION][MODULE]``."""
+
+    name = "capture"
+    schema = CaptureAction
+    mechanism = FORWARD_HOOK
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Nothing to check beyond the schema: any module can be captured."""
+        action = ctx.name
+        want_input, want_output = "input" in cfg.what, "output" in cfg.what
+
+        def apply(ledger: Ledger) -> None:
+            for target in ledger.each(action, targets, lambda t: t.name):
+                calls = ledger.record(action, target.name).calls
+
+                def hook(m: nn.Module, args: tuple[Any, ...], output: Any, calls: list[Call] = calls) -> None:
+                    calls.append(
+                        Call(
+                            input=detached(args) if want_input else None,
+                            output=detached(output) if want_output else None,
+                        )
+                    )
+
+                ledger.add_handle(target.module.register_forward_hook(hook))
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+
+
+def describe(value: Any, stats: bool) -> str:
+    """Shape (and mean/std/min/max) of a tensor, or of each tensor in a container."""
+    if isinstance(value, torch.Tensor):
+        text = f"{tuple(value.shape)}"
+        if stats and value.numel() and value.is_floating_point():
+            v = value.detach().float()
+            std = v.std().item() if v.numel() > 1 else 0.0
+            text += f" mean={v.mean().item():.4g} std={std:.4g} min={v.min().item():.4g} max={v.max().item():.4g}"
+        return text
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(describe(v, stats) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {describe(v, stats)}" for k, v in value.items()) + "}"
+    return type(value).__name__
+
+
+@KINDS.register("log")
+class Log(Kind):
+    """Print module name, input and output shapes (and stats) on every call."""
+
+    name = "log"
+    schema = LogAction
+    mechanism = FORWARD_HOOK
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Nothing to check beyond the schema."""
+        action, stats = ctx.name, cfg.stats
+
+        def apply(ledger: Ledger) -> None:
+            for target in ledger.each(action, targets, lambda t: t.name):
+                name = target.name
+
+                def hook(m: nn.Module, args: tuple[Any, ...], output: Any, name: str = name) -> None:
+                    try:
+                        print(f"[{action}] {name} ({type(m).__name__}): in {describe(args, stats)} -> out {describe(output, stats)}", flush=True)
+                    except Exception as e:
+                        raise hook_failed(action, name, e) from e
+
+                ledger.add_handle(target.module.register_forward_hook(hook))
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)

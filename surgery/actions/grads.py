@@ -1,0 +1,138 @@
+"""Backward-path kinds: ``capture_grad`` and ``modify_grad``.
+
+On a module they use a full backward hook (``grad_input``, ``grad_output``); with ``param``
+they use ``Tensor.register_hook`` on each matched parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.actions.base import (
+    FULL_BACKWARD_HOOK,
+    KINDS,
+    TENSOR_HOOK,
+    BindContext,
+    Kind,
+    Step,
+    TensorSpec,
+    full_name,
+    hook_failed,
+    modules_of,
+    tensor_named,
+    tensors_named,
+    tensors_of,
+)
+from surgery.actions.ops import make_op
+from surgery.errors import ConfigError
+from surgery.ledger import Ledger
+from surgery.records import Call
+from surgery.schema import CaptureGradAction, ModifyGradAction
+from surgery.select import Target
+
+Grads = tuple[torch.Tensor | None, ...]
+
+
+def _detach_all(grads: Grads) -> Grads:
+    return tuple(None if g is None else g.detach() for g in grads)
+
+
+def _each_param(
+    ledger: Ledger, action: str, found: list[tuple[Target, str, TensorSpec]], make_hook: Callable[[str, nn.Module], Callable]
+) -> None:
+    """Register one tensor hook per matched parameter, looked up at apply time."""
+    for target, pname, _ in ledger.each(action, found, lambda f: full_name(f[0], f[1])):
+        key = full_name(target, pname)
+        ledger.add_handle(tensor_named(target.module, pname).register_hook(make_hook(key, target.module)))
+
+
+@KINDS.register("capture_grad")
+class CaptureGrad(Kind):
+    """Record grad_input/grad_output per module, or ``.grad`` per parameter keyed by full name."""
+
+    name = "capture_grad"
+    schema = CaptureGradAction
+    mechanism = FULL_BACKWARD_HOOK
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Resolve parameters when ``param`` is set; otherwise any module can be hooked."""
+        action = ctx.name
+        if cfg.param is not None:
+            found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
+
+            def apply_params(ledger: Ledger) -> None:
+                def make_hook(key: str, module: nn.Module) -> Callable:
+                    calls = ledger.record(action, key).calls
+                    return lambda grad: calls.append(Call(grad=grad.detach()))
+
+                _each_param(ledger, action, found, make_hook)
+
+            return Step(ctx.name, self.name, TENSOR_HOOK, cfg, modules_of(found), apply_params, tensors_named(found))
+
+        def apply(ledger: Ledger) -> None:
+            for target in ledger.each(action, targets, lambda t: t.name):
+                calls = ledger.record(action, target.name).calls
+
+                def hook(m: nn.Module, grad_input: Grads, grad_output: Grads, calls: list[Call] = calls) -> None:
+                    calls.append(Call(grad_input=_detach_all(grad_input), grad_output=_detach_all(grad_output)))
+
+                ledger.add_handle(target.module.register_full_backward_hook(hook))
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+
+
+@KINDS.register("modify_grad")
+class ModifyGrad(Kind):
+    """An op on each grad_input tensor (or only ``item``), or on a parameter's gradient."""
+
+    name = "modify_grad"
+    schema = ModifyGradAction
+    mechanism = FULL_BACKWARD_HOOK
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Check the op (an ``expr`` sees the gradient as ``grad``); resolve parameters if set."""
+        make_op(cfg, ctx.where, ctx.seed, ctx.name, "grad")
+        action, seed, where = ctx.name, ctx.seed, ctx.where
+        if cfg.param is not None:
+            if cfg.item is not None:
+                raise ConfigError(f"{where}.item: a parameter's gradient is one tensor; drop item when param is set")
+            found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
+
+            def apply_params(ledger: Ledger) -> None:
+                op = make_op(cfg, where, seed, action, "grad")
+
+                def make_hook(key: str, module: nn.Module) -> Callable:
+                    def hook(grad: torch.Tensor) -> torch.Tensor:
+                        try:
+                            return op(grad, module)
+                        except Exception as e:
+                            raise hook_failed(action, key, e) from e
+
+                    return hook
+
+                _each_param(ledger, action, found, make_hook)
+
+            return Step(ctx.name, self.name, TENSOR_HOOK, cfg, modules_of(found), apply_params, tensors_named(found))
+        item = cfg.item
+
+        def apply(ledger: Ledger) -> None:
+            op = make_op(cfg, where, seed, action, "grad")
+            for target in ledger.each(action, targets, lambda t: t.name):
+                name = target.name
+
+                def hook(m: nn.Module, grad_input: Grads, grad_output: Grads, name: str = name) -> Grads:
+                    try:
+                        return tuple(
+                            g if g is None or (item is not None and i != item) else op(g, m)
+                            for i, g in enumerate(grad_input)
+                        )
+                    except Exception as e:
+                        raise hook_failed(action, name, e) from e
+
+                ledger.add_handle(target.module.register_full_backward_hook(hook))
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)

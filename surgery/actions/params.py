@@ -1,0 +1,178 @@
+"""Parameter-level apply passes: ``add_parameter``, ``add_buffer``, ``freeze``, ``unfreeze``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.actions.base import (
+    APPLY_PASS,
+    KINDS,
+    BindContext,
+    Kind,
+    Step,
+    TensorSpec,
+    full_name,
+    generator_for,
+    modules_of,
+    tensor_named,
+    tensors_named,
+    tensors_of,
+)
+from surgery.actions.init import check_fits, fill_
+from surgery.errors import ConfigError
+from surgery.ledger import Ledger
+from surgery.schema import AddBufferAction, AddParameterAction, FreezeAction
+from surgery.select import Target
+
+
+def _home(module: nn.Module, root: nn.Module) -> tuple[torch.dtype, torch.device]:
+    """dtype and device for a new tensor: the module's own first tensor, else the model's."""
+    for source in (module, root):
+        for tensor in list(source.parameters()) + list(source.buffers()):
+            if tensor.is_floating_point():
+                return tensor.dtype, tensor.device
+    return torch.get_default_dtype(), torch.device("cpu")
+
+
+class AddTensor(Kind):
+    """Register a new tensor ``name`` on every selected module; removed again on undo."""
+
+    mechanism = APPLY_PASS
+    tensor_kind = "parameters"
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Check the name is free and the shape and init fit, for every module."""
+        plans: dict[int, tuple[Target, tuple[int, ...], torch.dtype, torch.device]] = {}
+        for target in targets:
+            module = target.module
+            taken = ctx.added.get(id(module), {})
+            if cfg.name in taken or hasattr(module, cfg.name):
+                raise ConfigError(
+                    f"{ctx.where}.name: module {target.name!r} ({type(module).__name__}) already has an"
+                    f" attribute {cfg.name!r}; choose another name"
+                )
+            dtype, device = _home(module, ctx.root)
+            if cfg.like is not None:
+                like = _like(module, cfg.like, taken, target, ctx)
+                shape, dtype = like.shape, like.dtype
+            else:
+                shape = tuple(cfg.shape)
+            check_fits(cfg.init, shape, dtype, f"{ctx.where}.init.method ({full_name(target, cfg.name)})")
+            plans[id(module)] = (target, shape, dtype, device)
+            ctx.added.setdefault(id(module), {})[cfg.name] = TensorSpec(shape, dtype, self.tensor_kind)
+        root, action, seed = ctx.root, ctx.name, ctx.seed
+        register = self.register
+
+        def apply(ledger: Ledger) -> None:
+            generators: dict[torch.device, torch.Generator] = {}
+            ledger.action = action
+
+            def visit(module: nn.Module) -> None:
+                if id(module) not in plans:
+                    return
+                target, shape, dtype, device = plans[id(module)]
+                ledger.where = target.name
+                if device not in generators:
+                    generators[device] = generator_for(seed, action, device)
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+                fill_(tensor, cfg.init, generators[device])
+                register(module, cfg, tensor)
+                ledger.add_undo(lambda m=module: delattr(m, cfg.name))
+
+            with torch.no_grad():
+                root.apply(visit)
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, [full_name(t, cfg.name) for t in targets])
+
+    def register(self, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
+        """Attach the new tensor to the module."""
+        raise NotImplementedError
+
+
+def _like(module: nn.Module, name: str, taken: dict[str, TensorSpec], target: Target, ctx: BindContext) -> TensorSpec:
+    if name in taken:
+        return taken[name]
+    tensor = module._parameters.get(name)
+    if tensor is None:
+        tensor = module._buffers.get(name)
+    if tensor is None:
+        own = list(module._parameters) + list(module._buffers)
+        raise ConfigError(
+            f"{ctx.where}.like: module {target.name!r} has no parameter or buffer {name!r};"
+            f" it has: {', '.join(own) or 'none'}"
+        )
+    return TensorSpec(tuple(tensor.shape), tensor.dtype, "parameters")
+
+
+@KINDS.register("add_parameter")
+class AddParameter(AddTensor):
+    """``add_parameter``: an ``nn.Parameter`` of ``shape`` (or ``like``) filled by ``init``."""
+
+    name = "add_parameter"
+    schema = AddParameterAction
+
+    def register(self, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
+        """Register as a Parameter with the configured requires_grad."""
+        module.register_parameter(cfg.name, nn.Parameter(tensor, requires_grad=cfg.requires_grad))
+
+
+@KINDS.register("add_buffer")
+class AddBuffer(AddTensor):
+    """``add_buffer``: a buffer of ``shape`` (or ``like``) filled by ``init``; ``persistent`` or not."""
+
+    name = "add_buffer"
+    schema = AddBufferAction
+    tensor_kind = "buffers"
+
+    def register(self, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
+        """Register as a buffer."""
+        module.register_buffer(cfg.name, tensor, persistent=cfg.persistent)
+
+
+class SetRequiresGrad(Kind):
+    """Set ``requires_grad`` on the selected parameters; the old flags are kept for undo."""
+
+    schema = FreezeAction
+    mechanism = APPLY_PASS
+    flag = False
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Resolve the parameters now; flip their flags at apply time."""
+        found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
+        by_module: dict[int, list[str]] = {}
+        for target, pname, _ in found:
+            by_module.setdefault(id(target.module), []).append(pname)
+        root, action, flag = ctx.root, ctx.name, self.flag
+
+        def apply(ledger: Ledger) -> None:
+            ledger.action = action
+
+            def visit(module: nn.Module) -> None:
+                for pname in by_module.get(id(module), ()):
+                    tensor = tensor_named(module, pname)
+                    old = tensor.requires_grad
+                    tensor.requires_grad_(flag)
+                    ledger.add_undo(lambda t=tensor, o=old: t.requires_grad_(o))
+
+            root.apply(visit)
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, modules_of(found), apply, tensors_named(found))
+
+
+@KINDS.register("freeze")
+class Freeze(SetRequiresGrad):
+    """``freeze``: requires_grad = False."""
+
+    name = "freeze"
+    flag = False
+
+
+@KINDS.register("unfreeze")
+class Unfreeze(SetRequiresGrad):
+    """``unfreeze``: requires_grad = True."""
+
+    name = "unfreeze"
+    flag = True

@@ -1,0 +1,77 @@
+"""The command line: the only ``@hydra.main``. Thin: compose → run_job → exit code.
+
+Exit codes: 0 success; 2 a bad config or input (one message, no traceback unless
+``verbose=true``, nothing written); 1 an unexpected internal failure.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from surgery.errors import SurgeryError
+from surgery.paths import config_dir, group_options
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+_internal_failure = False  # set when our task fails unexpectedly, so a Hydra exit 1 can be told apart
+
+
+def usage() -> str:
+    """The short help printed when no model is given."""
+    groups = {g: group_options(g) for g in ("model", "actions", "input", "experiment")}
+    lines = [
+        "surgery: declarative model surgery for PyTorch.",
+        "",
+        "  python -m surgery +model=MODEL +actions=ACTIONS        run",
+        "  python -m surgery +model=MODEL +actions=A mode=plan    what would match, change nothing",
+        "  python -m surgery +model=MODEL mode=modules            list module names and types",
+        "  python -m surgery +experiment=NAME                     a whole experiment",
+        "  python -m surgery --help                               every setting (Hydra)",
+        "",
+    ]
+    for group, options in groups.items():
+        lines.append(f"{group + ':':12}{', '.join(options) or '(none)'}")
+    lines += ["", "Example: python -m surgery +model=cnn +actions=linearize"]
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+def _task(cfg: DictConfig) -> None:
+    global _internal_failure
+    if cfg.get("model") is None:
+        print(usage())
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    from surgery.run import run_job
+
+    verbose = bool(cfg.get("verbose", False))
+    try:
+        run_job(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except SurgeryError as e:
+        if verbose:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except Exception:
+        _internal_failure = True
+        traceback.print_exc()
+        print("error: an unexpected internal failure (exit 1); please report it with the traceback above", file=sys.stderr)
+        sys.exit(EXIT_INTERNAL)
+
+
+def main() -> None:
+    """Entry point of ``python -m surgery`` and the ``surgery`` console script."""
+    try:
+        _task()
+    except SystemExit as e:
+        # Hydra reports its own composition errors (unknown option, bad override) with exit 1;
+        # those are bad input, so they exit 2 like ours.
+        if e.code == EXIT_INTERNAL and not _internal_failure:
+            sys.exit(EXIT_BAD_INPUT)
+        raise

@@ -1,0 +1,153 @@
+"""Compile an actions config against a model into a ``Plan``: validated steps bound to modules.
+
+Nothing is touched here: every key, selector, parameter, shape and expression is checked
+first, so that applying either succeeds as a whole or fails before the model changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from surgery.actions import KINDS
+from surgery.actions.base import BindContext, Step
+from surgery.errors import ConfigError, NoMatchError, did_you_mean
+from surgery.paths import config_dir, group_options
+from surgery.schema import validate
+from surgery.select import Target, as_list, closest_names, module_targets, select_modules
+
+SHOWN = 6  # matched names shown per row of the plan table
+
+
+def load_actions(actions: Any) -> dict[str, Any]:
+    """Actions as a plain dict from a name in conf/actions, a YAML path, a dict or a DictConfig."""
+    if isinstance(actions, (str, Path)):
+        text = str(actions)
+        path = Path(text)
+        if not (path.suffix in (".yaml", ".yml") or path.exists()):
+            path = config_dir() / "actions" / f"{text}.yaml"
+            if not path.exists():
+                options = group_options("actions")
+                raise ConfigError(
+                    f"actions: no actions file named {text!r}.{did_you_mean(text, options)}"
+                    f" Available: {', '.join(options)}; or give a path to a YAML file."
+                )
+        if not path.exists():
+            raise ConfigError(f"actions: file {text!r} does not exist")
+        actions = OmegaConf.load(path)
+    if isinstance(actions, DictConfig):
+        actions = OmegaConf.to_container(actions, resolve=True)
+    if actions is None:
+        return {}
+    if not isinstance(actions, Mapping):
+        raise ConfigError(f"actions: expected a mapping of named actions, got {type(actions).__name__}")
+    return dict(actions)
+
+
+@dataclass
+class Plan:
+    """Validated steps bound to one model; ``str(plan)`` is a table, ``to_dict`` goes in reports."""
+
+    model: nn.Module
+    steps: list[Step]
+    seed: int = 0
+    strict: bool = True
+    safe: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        """Per action: kind, mechanism, enabled, matched names (canonical and real), tensors."""
+        return [
+            {
+                "action": s.name,
+                "kind": s.kind,
+                "mechanism": s.mechanism,
+                "enabled": s.enabled,
+                "matched": [t.name for t in s.targets],
+                "matched_real": [t.real_name for t in s.targets],
+                "tensors": s.tensors,
+            }
+            for s in self.steps
+        ]
+
+    def __str__(self) -> str:
+        rows = [("action", "kind", "mechanism", "n", "matched")]
+        for s in self.steps:
+            names = s.tensors or [_shown(t) for t in s.targets]
+            shown = ", ".join(names[:SHOWN]) + (f", … (+{len(names) - SHOWN} more)" if len(names) > SHOWN else "")
+            mechanism = s.mechanism if s.enabled else "(disabled)"
+            rows.append((s.name, s.kind, mechanism, str(len(names)), shown or "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+        lines.insert(1, "-" * min(100, max(len(line) for line in lines)))
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+def _shown(target: Target) -> str:
+    real = target.real_name or "<root>"
+    return target.name if real == target.name else f"{target.name} [{real}]"
+
+
+def compile_plan(model: nn.Module, actions: Any, *, seed: int = 0, strict: bool = True, safe: bool = False) -> Plan:
+    """Validate every action against its schema and the model; bind each to what it matched."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    targets = module_targets(model)
+    plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
+    ctx_added: dict[int, Any] = {}
+    for name, node in load_actions(actions).items():
+        where = f"actions.{name}"
+        if node is None:
+            continue
+        if not isinstance(node, Mapping) or "kind" not in node:
+            raise ConfigError(f"{where}.kind: every action needs a kind; kinds: {', '.join(KINDS.names())}")
+        kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
+        cfg = validate(kind.schema, node, where)
+        matched = _match(cfg, targets, where, strict)
+        ctx = BindContext(str(name), seed, strict, safe, model, ctx_added)
+        if not cfg.enabled:
+            plan.steps.append(Step(str(name), kind.name, kind.mechanism, cfg, matched, _skip, enabled=False))
+            continue
+        plan.steps.append(kind.bind(cfg, matched, ctx))
+    return plan
+
+
+def _skip(ledger: Any) -> None:
+    """A disabled action applies nothing."""
+
+
+def _match(cfg: Any, targets: list[Target], where: str, strict: bool) -> list[Target]:
+    """The modules an action selects; nothing at all is a NoMatchError under strict."""
+    select, types, exclude = as_list(cfg.select), as_list(cfg.type), as_list(cfg.exclude)
+    matched = select_modules(targets, select, types, exclude, where)
+    if matched or not strict or cfg.allow_empty:
+        return matched
+    names = [t.name for t in targets]
+    if select is not None:
+        by_name = select_modules(targets, select, None, exclude, f"{where}.select")
+        if not by_name:
+            raise NoMatchError(
+                f"{where}.select: {_quote(select)} matched no module. Closest module names:"
+                f" {', '.join(closest_names(select[0], names))}. Set allow_empty: true if that is expected."
+            )
+        present = sorted({type(t.module).__name__ for t in by_name})
+        raise NoMatchError(
+            f"{where}.type: {_quote(types)} matched none of the {len(by_name)} module(s) selected by"
+            f" {_quote(select)}; their types are: {', '.join(present[:12])}."
+        )
+    present = sorted({type(t.module).__name__ for t in targets})
+    hint = did_you_mean(types[0] if types else "", present)
+    raise NoMatchError(
+        f"{where}.type: {_quote(types)} matched no module.{hint} Types in this model:"
+        f" {', '.join(present[:20])}. Set allow_empty: true if that is expected."
+    )
+
+
+def _quote(patterns: list[str] | None) -> str:
+    return "nothing" if not patterns else ", ".join(repr(p) for p in patterns)

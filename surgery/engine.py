@@ -1,0 +1,105 @@
+"""Apply a plan all-or-nothing and own the result: ``Surgery.remove`` restores the model exactly."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from torch import nn
+
+from surgery.compiler import Plan, compile_plan
+from surgery.errors import ActionError, ConfigError, SurgeryError
+from surgery.ledger import Ledger
+from surgery.records import Record
+
+
+class Surgery:
+    """An applied plan: its captures, and ``remove()`` which undoes every change.
+
+    >>> with surgery.apply(model, "capture_block3") as s:
+    ...     model(x)
+    ...     s.captures["capture_block3"]["block3"].output
+    """
+
+    def __init__(self, model: nn.Module, plan: Plan, ledger: Ledger) -> None:
+        self.model = model
+        self.plan = plan
+        self._ledger = ledger
+        self.active = True
+
+    @property
+    def captures(self) -> dict[str, dict[str, Record]]:
+        """``captures[ACTION][MODULE or PARAMETER]`` → Record with ``.input/.output/.calls`` etc."""
+        return self._ledger.captures
+
+    @property
+    def hook_count(self) -> dict[str, int]:
+        """Hooks registered per action (while active)."""
+        return dict(self._ledger.hook_count)
+
+    def remove(self) -> None:
+        """Remove every hook, delete added tensors, restore changed ones; safe to call twice."""
+        if not self.active:
+            return
+        self.active = False
+        errors = self._ledger.rollback()
+        if errors:
+            raise ActionError(f"removing the surgery hit {len(errors)} error(s); first: {errors[0]!r}")
+
+    def __enter__(self) -> Surgery:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "removed"
+        return f"<Surgery {state}: {', '.join(s.name for s in self.plan.steps)}>"
+
+
+def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surgery:
+    """Apply every step of ``plan`` (a Plan, or actions to compile) or none of them."""
+    if not isinstance(plan, Plan):
+        plan = compile_plan(model, plan, **plan_options)
+    elif plan.model is not model:
+        raise ConfigError("apply: this plan was compiled for another model; compile it for this one")
+    elif plan_options:
+        raise ConfigError(f"apply: options {sorted(plan_options)} only apply when compiling; the plan is compiled")
+    ledger = Ledger()
+    for step in plan.steps:
+        if not step.enabled:
+            continue
+        try:
+            step.apply(ledger)
+        except BaseException as e:
+            where = ledger.where
+            ledger.rollback()
+            if isinstance(e, SurgeryError) or not isinstance(e, Exception):
+                raise
+            raise ActionError(
+                f"actions.{step.name}: failed on {where!r}: {type(e).__name__}: {e}. Nothing was changed."
+            ) from e
+    return Surgery(model, plan, ledger)
+
+
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+
+
+def hooks_on(model: nn.Module) -> int:
+    """How many hooks sit on the model's modules and tensors (to check none of ours is left)."""
+    count = 0
+    for module in model.modules():
+        count += sum(len(getattr(module, name, {})) for name in HOOK_DICTS)
+        for tensor in list(module._parameters.values()) + list(module._buffers.values()):
+            hooks = getattr(tensor, "_backward_hooks", None) if tensor is not None else None
+            count += len(hooks or {})
+    return count

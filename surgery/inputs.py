@@ -1,0 +1,83 @@
+"""Model inputs from the input config: seeded random tensors or a local file, plus a loss target."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgery.actions.base import generator_for
+from surgery.errors import ConfigError
+from surgery.io import read_input_file
+
+INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target")
+
+
+def make_inputs(spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Positional model inputs described by ``spec`` (kind random or file)."""
+    unknown = sorted(set(spec) - set(INPUT_KEYS))
+    if unknown:
+        raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
+    kind = spec.get("kind") or "random"
+    shapes = _shapes(spec)
+    if kind == "random":
+        if not shapes:
+            raise ConfigError("input.shape: no input shape; give input.shape=[...] or a model config with input defaults")
+        gen = generator_for(seed, "input", torch.device("cpu"))
+        return tuple(torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for s in shapes)
+    if kind == "file":
+        path = spec.get("path")
+        if not path or path == "???":
+            raise ConfigError("input.path: a file is required, e.g. +input=file input.path=digit.pt")
+        tensor = read_input_file(Path(str(path)), spec.get("key"))
+        if shapes:
+            tensor = _fit(tensor, shapes[0], str(path))
+        return (tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype),)
+    raise ConfigError(f"input.kind: {kind!r} is not one of random, file")
+
+
+def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:
+    if spec.get("shapes") is not None:
+        shapes = [list(s) for s in spec["shapes"]]
+    elif spec.get("shape") is not None:
+        shapes = [list(spec["shape"])]
+    else:
+        return []
+    for s in shapes:
+        if not all(isinstance(d, int) and d >= 0 for d in s):
+            raise ConfigError(f"input.shape: sizes must be non-negative ints, got {s}")
+    return shapes
+
+
+def _fit(tensor: torch.Tensor, shape: list[int], path: str) -> torch.Tensor:
+    """Add the batch dim to a single example; refuse a tensor whose example shape differs."""
+    example = list(shape[1:])
+    if list(tensor.shape) == example:
+        return tensor.unsqueeze(0)
+    if tensor.dim() == len(example) - 1 and list(tensor.shape) == example[1:]:
+        return tensor.unsqueeze(0).unsqueeze(0)  # e.g. an H×W image for a 1×H×W model
+    if list(tensor.shape[1:]) != example:
+        raise ConfigError(
+            f"input.path: {path!r} holds a tensor of shape {list(tensor.shape)}; the model takes"
+            f" [batch, {', '.join(map(str, example))}]"
+        )
+    return tensor
+
+
+def loss_of(output: torch.Tensor, loss: str, target: Any) -> torch.Tensor:
+    """The scalar the backward pass starts from (SPEC run setting ``loss``)."""
+    import torch.nn.functional as F
+
+    if loss == "sum":
+        return output.sum()
+    if loss == "mse":
+        return F.mse_loss(output, torch.zeros_like(output))
+    if target is None:
+        raise ConfigError(f"loss: {loss!r} needs a class index; set input.target=N")
+    labels = torch.full((output.shape[0],), int(target), dtype=torch.long, device=output.device)
+    if loss == "cross_entropy":
+        return F.cross_entropy(output, labels)
+    one_hot = F.one_hot(labels, output.shape[-1]).to(output.dtype)
+    return F.kl_div(torch.log_softmax(output, -1), one_hot, reduction="batchmean")

@@ -1,0 +1,114 @@
+"""Files in and out: checkpoints and input tensors in (never unpickling), atomic writes out."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgery.errors import ConfigError
+
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".safetensors", ".png")
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temp file in the same directory and rename, so no half file is ever left."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomically write pretty JSON."""
+    write_atomic(path, lambda p: p.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Atomically write tensors as safetensors (contiguous CPU copies)."""
+    from safetensors.torch import save_file
+
+    flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    write_atomic(path, lambda p: save_file(flat, str(p)))
+
+
+def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """Read a dict of tensors from .safetensors or a weights-only .pt/.pth; never unpickles objects."""
+    if not path.is_file():
+        raise ConfigError(f"{what}: file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every read failure becomes one clear message
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{what}: cannot read {str(path)!r} as {suffix or 'a checkpoint'} ({first}). Only tensors are"
+            " accepted: .safetensors, or .pt/.pth saved from a state_dict (loaded with weights_only=True)"
+        ) from None
+    if isinstance(loaded, torch.Tensor):
+        return {"tensor": loaded}
+    if isinstance(loaded, dict) and "state_dict" in loaded and isinstance(loaded["state_dict"], dict):
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise ConfigError(f"{what}: {str(path)!r} holds a {type(loaded).__name__}, not a tensor or a dict of tensors")
+    return dict(loaded)
+
+
+def load_checkpoint(model: torch.nn.Module, path: str | Path) -> None:
+    """Load a state_dict file strictly into ``model``; missing or unexpected keys are an error."""
+    path = Path(path)
+    if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
+        raise ConfigError(f"model.checkpoint: {str(path)!r} is not one of {', '.join(CHECKPOINT_SUFFIXES)}")
+    state = read_tensors(path, "model.checkpoint")
+    result = model.load_state_dict(state, strict=False)
+    problems = []
+    if result.missing_keys:
+        problems.append(f"missing keys: {', '.join(result.missing_keys[:8])}")
+    if result.unexpected_keys:
+        problems.append(f"unexpected keys: {', '.join(result.unexpected_keys[:8])}")
+    if problems:
+        raise ConfigError(f"model.checkpoint: {str(path)!r} does not fit the model ({'; '.join(problems)})")
+
+
+def read_input_file(path: Path, key: str | None) -> torch.Tensor:
+    """One tensor from .pt/.pth (weights only), .npy, .safetensors or .png (H×W or C×H×W floats)."""
+    suffix = path.suffix.lower()
+    if suffix not in INPUT_SUFFIXES:
+        raise ConfigError(f"input.path: {str(path)!r} is not one of {', '.join(INPUT_SUFFIXES)}")
+    if not path.is_file():
+        raise ConfigError(f"input.path: file {str(path)!r} does not exist")
+    if suffix == ".npy":
+        import numpy as np
+
+        try:
+            return torch.from_numpy(np.load(path, allow_pickle=False))
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"input.path: cannot read {str(path)!r} as .npy ({e})") from None
+    if suffix == ".png":
+        import matplotlib.image
+
+        image = torch.from_numpy(matplotlib.image.imread(str(path)).copy()).float()
+        return image if image.dim() == 2 else image.permute(2, 0, 1)
+    tensors = read_tensors(path, "input.path")
+    if key is not None:
+        if key not in tensors:
+            raise ConfigError(f"input.key: {key!r} is not in {str(path)!r}; keys: {', '.join(tensors)}")
+        return tensors[key]
+    return next(iter(tensors.values()))

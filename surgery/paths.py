@@ -1,0 +1,18 @@
+"""Where the shipped configs live: ``surgery/conf`` in a wheel, ``../conf`` in a checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def config_dir() -> Path:
+    """The absolute config directory, for Hydra and for loading actions by name."""
+    installed = PACKAGE_DIR / "conf"
+    return installed if installed.is_dir() else PACKAGE_DIR.parent / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    """The option names of a config group (file stems of ``conf/GROUP/*.yaml``)."""
+    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))

@@ -1,0 +1,317 @@
+"""Typed configs: run settings and one dataclass per action kind, validated with clear paths.
+
+OmegaConf has no unions of structured configs, so actions are composed untyped and each
+is validated here against its own kind's dataclass (``validate_action``). Cross-field
+rules live in ``__post_init__`` and raise ``FieldError(key, message)``; ``validate``
+turns every problem into one ``ConfigError`` that names ``WHERE.KEY``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from surgery.errors import ConfigError, did_you_mean
+
+
+class FieldError(ValueError):
+    """A cross-field check failed on one key; ``validate`` adds where it is."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise FieldError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        hint = did_you_mean(str(value), choices)
+        raise FieldError(key, f"{value!r} is not one of {', '.join(choices)}.{hint}")
+
+
+# ---------------------------------------------------------------- run settings
+
+MODES = ("run", "plan", "modules")
+LOSSES = ("sum", "mse", "cross_entropy", "kl_div")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+@dataclass
+class RunSettings:
+    """The run settings of ``conf/config.yaml`` (SPEC §2)."""
+
+    mode: str = "run"  # run | plan | modules
+    seed: int = 0  # seeds torch, numpy, python; every random init/noise derives from it
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    dtype: str = "float32"
+    strict: bool = True  # a selector that matches nothing is an error
+    safe: bool = False  # refuse import-path callables and _target_ outside torch/surgery
+    backward: bool = False  # also run a backward pass so backward hooks fire
+    loss: str = "sum"  # loss for the backward pass
+    compare: bool = True  # also run the unmodified model and report the difference
+    save_model: bool = False  # write the surgered state_dict as model.safetensors
+    verbose: bool = False  # tracebacks on errors
+
+    def __post_init__(self) -> None:
+        one_of("mode", self.mode, MODES)
+        one_of("loss", self.loss, LOSSES)
+        one_of("dtype", self.dtype, DTYPES)
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N or auto")
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass
+class Action:
+    """Keys every action has (SPEC §3)."""
+
+    kind: str = MISSING  # which action
+    select: Any = None  # module-name glob or list of globs; absent: every module
+    type: Any = None  # class-name glob(s): Conv2d, Function_*, torch.nn.Conv2d
+    exclude: Any = None  # name glob(s) removed from the match
+    allow_empty: bool = False  # matching nothing is not an error
+    enabled: bool = True  # false skips the action
+
+    def __post_init__(self) -> None:
+        for key in ("select", "type", "exclude"):
+            value = getattr(self, key)
+            if value is None or isinstance(value, str):
+                continue
+            if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+                raise FieldError(key, f"must be a glob string or a non-empty list of them, got {value!r}")
+
+
+INIT_METHODS = (
+    "constant", "zeros", "ones", "normal", "uniform", "xavier_uniform", "xavier_normal",
+    "kaiming_uniform", "kaiming_normal", "orthogonal", "trunc_normal", "eye", "dirac",
+)  # fmt: skip
+
+
+@dataclass
+class InitSpec:
+    """How to fill a tensor: ``method`` and that method's arguments."""
+
+    method: str = MISSING  # one of INIT_METHODS
+    value: Optional[float] = None  # constant
+    mean: float = 0.0  # normal, trunc_normal
+    std: float = 1.0  # normal, trunc_normal
+    a: Optional[float] = None  # uniform low (0), trunc_normal low (-2), kaiming negative slope (0)
+    b: Optional[float] = None  # uniform high (1), trunc_normal high (2)
+    gain: float = 1.0  # xavier, orthogonal
+    mode: str = "fan_in"  # kaiming: fan_in | fan_out
+    nonlinearity: str = "leaky_relu"  # kaiming
+
+    def check_init(self, prefix: str = "") -> None:
+        """Check the method is known and has what it needs; keys are reported under ``prefix``."""
+        one_of(prefix + "method", self.method, INIT_METHODS)
+        if self.method == "constant" and self.value is None:
+            raise FieldError(prefix + "value", "method 'constant' needs a value, e.g. value: 1.0")
+        one_of(prefix + "mode", self.mode, ("fan_in", "fan_out"))
+
+
+@dataclass
+class InitAction(Action, InitSpec):
+    """init: set the selected parameters by ``method`` in an apply pass under no_grad."""
+
+    param: str = MISSING  # parameter-name glob within each selected module, e.g. weight or "*"
+
+    def __post_init__(self) -> None:
+        Action.__post_init__(self)
+        self.check_init()
+
+
+@dataclass
+class AddTensorAction(Action):
+    """Keys shared by add_parameter and add_buffer."""
+
+    name: str = MISSING  # attribute name of the new tensor
+    shape: Optional[list[int]] = None  # its shape ...
+    like: Optional[str] = None  # ... or the shape/dtype/device of this tensor of the module
+    init: InitSpec = field(default_factory=lambda: InitSpec(method="zeros"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.shape is None) == (self.like is None):
+            raise FieldError("shape", "give exactly one of shape (e.g. [4]) or like (e.g. weight)")
+        if self.shape is not None and any(s < 0 for s in self.shape):
+            raise FieldError("shape", f"sizes must be >= 0, got {self.shape}")
+        if not self.name.isidentifier() or self.name.startswith("_"):
+            raise FieldError("name", f"{self.name!r} is not a public Python identifier")
+        self.init.check_init("init.")
+
+
+@dataclass
+class AddParameterAction(AddTensorAction):
+    """add_parameter: register a new nn.Parameter on each selected module."""
+
+    requires_grad: bool = True
+
+
+@dataclass
+class AddBufferAction(AddTensorAction):
+    """add_buffer: register a new buffer on each selected module."""
+
+    persistent: bool = True  # part of state_dict
+
+
+@dataclass
+class FreezeAction(Action):
+    """freeze / unfreeze: set requires_grad on the selected parameters."""
+
+    param: str = "*"
+
+
+FORWARD_FNS = ("identity", "zero", "linear")
+
+
+@dataclass
+class ReplaceForwardAction(Action):
+    """replace_forward: the module's output becomes ``expr`` or a built-in ``fn``."""
+
+    fn: Optional[str] = None  # identity | zero | linear
+    expr: Optional[str] = None  # e.g. "x * module.W + module.b"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.fn is None) == (self.expr is None):
+            raise FieldError("fn", "give exactly one of fn (identity, zero, linear) or expr")
+        if self.fn is not None:
+            one_of("fn", self.fn, FORWARD_FNS)
+
+
+TENSOR_OPS = ("add", "mul", "set", "zero", "clamp", "noise", "mean_ablate", "expr")
+GRAD_OPS = TENSOR_OPS + ("clip_norm", "clip_value")
+OP_NEEDS = {
+    "add": ("value",), "mul": ("value",), "set": ("value",), "noise": ("std",),
+    "expr": ("expr",), "clip_norm": ("max_norm",), "clip_value": ("value",),
+}  # fmt: skip
+
+
+@dataclass
+class OpArgs:
+    """An op on a tensor, shared by the modify kinds."""
+
+    op: str = MISSING  # add mul set zero clamp noise mean_ablate expr (+ clip_norm clip_value for grads)
+    value: Optional[float] = None  # add, mul, set, clip_value
+    min: Optional[float] = None  # clamp
+    max: Optional[float] = None  # clamp
+    std: Optional[float] = None  # noise
+    dim: Any = 0  # mean_ablate: dim or list of dims to average over
+    max_norm: Optional[float] = None  # clip_norm
+    expr: Optional[str] = None  # expr
+    index: Optional[str] = None  # subscript such as "[:, 3:5]": only that slice changes
+
+    def check_op(self, ops: tuple[str, ...]) -> None:
+        """Check the op is known here and has the values it needs."""
+        one_of("op", self.op, ops)
+        for key in OP_NEEDS.get(self.op, ()):
+            if getattr(self, key) is None:
+                raise FieldError(key, f"op {self.op!r} needs {key}")
+        if self.op == "clamp" and self.min is None and self.max is None:
+            raise FieldError("min", "op 'clamp' needs min, max or both")
+
+
+@dataclass
+class ModifyAction(Action, OpArgs):
+    """modify_output / modify_input: an op on one item of the output or positional input."""
+
+    item: Any = 0  # element of a tuple/list/dict output (int or key); a plain tensor is used as is
+
+    def __post_init__(self) -> None:
+        Action.__post_init__(self)
+        self.check_op(TENSOR_OPS)
+
+
+@dataclass
+class ModifyGradAction(Action, OpArgs):
+    """modify_grad: an op on grad_input (full backward hook) or on a parameter's grad."""
+
+    param: Optional[str] = None  # set: Tensor.register_hook on these parameters
+    item: Optional[int] = None  # which grad_input element; absent: every tensor element
+
+    def __post_init__(self) -> None:
+        Action.__post_init__(self)
+        self.check_op(GRAD_OPS)
+
+
+@dataclass
+class CaptureAction(Action):
+    """capture: record inputs and/or outputs of every call."""
+
+    what: list[str] = field(default_factory=lambda: ["output"])  # input, output
+    to: str = "memory"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.what:
+            raise FieldError("what", "list at least one of input, output")
+        for w in self.what:
+            one_of("what", w, ("input", "output"))
+        one_of("to", self.to, ("memory",))
+
+
+@dataclass
+class CaptureGradAction(Action):
+    """capture_grad: record grad_input/grad_output, or a parameter's gradient with ``param``."""
+
+    param: Optional[str] = None  # set: Tensor.register_hook on these parameters
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+
+
+@dataclass
+class LogAction(Action):
+    """log: print module name, input/output shapes and stats per call."""
+
+    stats: bool = True  # also print mean/std/min/max
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _at(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def check_keys(schema: type, node: dict, where: str) -> None:
+    """Refuse keys the schema does not have, with a did-you-mean; recurse into nested schemas."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key, value in node.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{_at(where, key)}: unknown key.{did_you_mean(str(key), fields)}"
+                f" Keys here: {', '.join(sorted(fields))}."
+            )
+        nested = fields[key].default_factory
+        if isinstance(value, dict) and nested is not dataclasses.MISSING:
+            sample = nested()
+            if dataclasses.is_dataclass(sample):
+                check_keys(type(sample), value, _at(where, key))
+
+
+def validate(schema: type, node: Any, where: str) -> Any:
+    """Validate a mapping against a dataclass schema; return the dataclass instance."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(node).__name__} {node!r}")
+    check_keys(schema, node, where)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"{_at(where, missing[0])}: a value is required here (it is ???)")
+        return OmegaConf.to_object(merged)
+    except FieldError as e:
+        raise ConfigError(f"{_at(where, e.key)}: {e}") from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        reason = str(e).splitlines()[0]
+        raise ConfigError(f"{_at(where, str(key))}: {reason}") from None

@@ -1,0 +1,55 @@
+"""Pick and replace one element of a module's input or output, whatever its container.
+
+A plain tensor is used as it is whatever ``item`` says, so one recipe serves models that
+return a tensor and models that return a tuple. Tuples, lists and mappings (including
+Hugging Face ``ModelOutput``, which is an ordered dict) are indexed by ``item``: an int, or a
+key for mappings; an int on a mapping picks the i-th value as ``ModelOutput`` does.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def get_item(value: Any, item: Any) -> Any:
+    """The element ``item`` of ``value`` (``value`` itself when it is a tensor)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, Mapping):
+        return value[_key(value, item)]
+    if isinstance(value, (tuple, list)):
+        if not isinstance(item, int):
+            raise TypeError(f"a {type(value).__name__} is indexed by position, got item {item!r}")
+        return value[item]
+    raise TypeError(f"cannot pick item {item!r} from a {type(value).__name__}")
+
+
+def replace_item(value: Any, item: Any, new: Any) -> Any:
+    """A copy of ``value`` with element ``item`` replaced by ``new`` (``new`` for a tensor)."""
+    if isinstance(value, torch.Tensor):
+        return new
+    if isinstance(value, Mapping):
+        out = copy.copy(value)
+        out[_key(value, item)] = new  # type: ignore[index]
+        return out
+    if isinstance(value, tuple):
+        items = list(value)
+        items[item] = new
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        out_list = list(value)
+        out_list[item] = new
+        return out_list
+    raise TypeError(f"cannot replace item {item!r} in a {type(value).__name__}")
+
+
+def _key(mapping: Mapping, item: Any) -> Any:
+    if item in mapping:
+        return item
+    if isinstance(item, int):
+        return list(mapping)[item]
+    raise KeyError(f"no key {item!r}; keys are {', '.join(map(str, mapping))}")
