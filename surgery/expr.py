@@ -1,0 +1,496 @@
+"""The safe expression language of config files: parse and check once, then run fast in hooks.
+
+An expression such as ``"x * module.W + module.b"`` or ``"softmax(output, dim=-1)"`` is parsed
+with :mod:`ast` and checked against an allowlist before any model is touched: numbers, the
+variables in ``NAMES``, the functions in ``FUNCTIONS``, the tensor methods in ``TENSOR_METHODS``,
+arithmetic, comparisons, indexing and tuple/list literals. Number-only arithmetic is folded at
+check time with guards, so ``9 ** 9 ** 9`` is refused instead of hanging. Every attribute read,
+method call, ``*`` and ``**`` is rewritten into a checked helper, so at run time ``.name`` works
+only on tensors and on ``module``, a read-only ``ModuleView`` of the hooked module.
+
+Decisions: ``a if c else b`` is refused (it breaks on tensors; use ``where(c, a, b)``);
+``and``/``or`` and chained comparisons are refused, while ``&``, ``|``, ``^`` and ``~`` are
+allowed because torch combines masks with them; ``<<``/``>>`` are refused (they grow numbers
+without bound); ``out=`` and ``inplace=`` are refused so nothing writes into the model;
+``norm`` is ``torch.linalg.vector_norm``; ``.item()`` is allowed.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Collection
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from surgery.errors import ActionError, ConfigError, did_you_mean
+
+NAMES = ("x", "inputs", "output", "grad", "module")
+MAX_LENGTH = 2000
+MAX_DEPTH = 50
+MAX_EXPONENT = 64
+
+
+# F.silu, F.leaky_relu and F.elu take a positional `inplace` flag that would write into the model.
+def _silu(input: torch.Tensor) -> torch.Tensor:
+    return F.silu(input)
+
+
+def _leaky_relu(input: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
+    return F.leaky_relu(input, negative_slope)
+
+
+def _elu(input: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    return F.elu(input, alpha)
+
+
+_TORCH_FUNCTIONS = (
+    "relu sigmoid tanh softmax log_softmax matmul clamp where abs exp log sqrt rsqrt square sign erf pow sin cos"
+    " maximum minimum mean sum amax amin std var cat stack"
+    " zeros_like ones_like full_like randn_like rand_like"  # sizes come from a tensor, never from the config
+)
+FUNCTIONS: dict[str, Callable[..., Any]] = {name: getattr(torch, name) for name in _TORCH_FUNCTIONS.split()}
+FUNCTIONS |= {
+    "gelu": F.gelu,
+    "silu": _silu,
+    "softplus": F.softplus,
+    "leaky_relu": _leaky_relu,
+    "elu": _elu,
+    "linear": F.linear,
+    "layer_norm": F.layer_norm,
+    "norm": torch.linalg.vector_norm,
+}
+
+# No in-place methods (trailing `_`), no device moves, no hooks, nothing that leaves torch.
+TENSOR_METHODS = frozenset(
+    "reshape view flatten unflatten mean sum amax amin max min abs exp log sqrt clamp relu"
+    " sigmoid tanh softmax log_softmax transpose permute unsqueeze squeeze norm std var detach"
+    " clone float size dim numel expand expand_as sign pow matmul t contiguous chunk split"
+    " narrow roll flip argmax argmin square sin cos item".split()
+)
+TENSOR_ATTRIBUTES = frozenset({"T", "mT", "shape", "ndim", "dtype"})
+
+_WRITING_KEYWORDS = frozenset({"out", "inplace"})
+_NUMBER_TYPES = (int, float)  # bool is an int
+_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult)
+_BINARY_OPS = (*_ARITHMETIC, ast.BitAnd, ast.BitOr, ast.BitXor)  # torch combines boolean masks with & | ^
+_REFUSED_COMPARISONS = (ast.Is, ast.IsNot, ast.In, ast.NotIn)
+_REFUSED_NODES: dict[type[ast.AST], str] = {
+    ast.Lambda: "lambdas are not allowed",
+    **dict.fromkeys((ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp), "comprehensions are not allowed"),
+    ast.JoinedStr: "f-strings are not allowed",
+    ast.NamedExpr: "assignments (:=) are not allowed",
+    ast.Starred: "'*' unpacking is not allowed",
+    ast.Dict: "dict literals are not allowed",
+    ast.Set: "set literals are not allowed",
+    ast.IfExp: "'a if c else b' is not allowed; use where(c, a, b)",
+    ast.BoolOp: "'and'/'or' do not work on tensors; use & and |, e.g. (x > 0) & (x < 1)",
+}
+
+
+def _is_real(value: Any) -> bool:
+    """True for a finite int or float; huge ints count as infinite."""
+    try:
+        return isinstance(value, _NUMBER_TYPES) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _number_power(base: float, exponent: float) -> float:
+    """``base ** exponent`` for plain numbers, guarded so it can neither hang nor overflow."""
+    if abs(exponent) > MAX_EXPONENT:
+        raise ValueError(f"exponent {exponent} is larger than {MAX_EXPONENT} in absolute value")
+    result = base**exponent
+    if not _is_real(result):
+        raise ValueError(f"({base}) ** {exponent} is not a finite real number")
+    return result
+
+
+_FOLDS: dict[type[ast.AST], Callable[..., Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: _number_power, ast.USub: operator.neg, ast.UAdd: operator.pos,
+}  # fmt: skip
+
+
+class ModuleView:
+    """Read-only view of an ``nn.Module`` for expressions: parameters, buffers, submodules, numbers."""
+
+    __slots__ = ("_module",)
+    _module: nn.Module
+
+    def __init__(self, module: nn.Module) -> None:
+        object.__setattr__(self, "_module", module)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise ActionError(f"module is read-only inside expressions; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise ActionError(f"module is read-only inside expressions; cannot delete {name!r}")
+
+    def __repr__(self) -> str:
+        return f"ModuleView({type(self._module).__name__})"
+
+    def read(self, name: str) -> Any:
+        """Return parameter, buffer, submodule view or plain number ``name``; else list what exists."""
+        module = self._module
+        if not name.startswith("_"):
+            if name in module._parameters:
+                return module._parameters[name]
+            if name in module._buffers:
+                return module._buffers[name]
+            if name in module._modules:
+                sub = module._modules[name]
+                return None if sub is None else ModuleView(sub)
+            if _is_plain(module.__dict__.get(name)):
+                return module.__dict__[name]
+        readable = [*module._parameters, *module._buffers, *module._modules]
+        readable += [k for k, v in module.__dict__.items() if _is_plain(v) and not k.startswith("_")]
+        raise ActionError(
+            f"{type(module).__name__} has no readable attribute {name!r}.{did_you_mean(name, readable)}"
+            f" Readable: {', '.join(sorted(readable)) or 'nothing'}."
+        )
+
+
+def _is_plain(value: Any) -> bool:
+    """True for an int, float or bool, or a tuple of them (e.g. ``LayerNorm.normalized_shape``)."""
+    if type(value) is tuple:
+        return all(type(item) in (int, float, bool) for item in value)
+    return type(value) in (int, float, bool)
+
+
+def _read_attribute(obj: Any, name: str) -> Any:
+    """Runtime check behind every ``a.name`` that is not a method call."""
+    if isinstance(obj, torch.Tensor):
+        if name in TENSOR_ATTRIBUTES:
+            return getattr(obj, name)
+        raise ActionError(f"tensors have no readable '.{name}'; readable: {', '.join(sorted(TENSOR_ATTRIBUTES))}")
+    if isinstance(obj, ModuleView):
+        return obj.read(name)
+    raise ActionError(f"cannot read '.{name}' of a {type(obj).__name__}; only of tensors and module")
+
+
+def _find_method(obj: Any, name: str) -> Any:
+    """Runtime check behind every ``a.name(...)``: only allowlisted tensor methods."""
+    if isinstance(obj, torch.Tensor) and name in TENSOR_METHODS:
+        return getattr(obj, name)
+    raise ActionError(f"cannot call '.{name}()' on a {type(obj).__name__}; only on tensors")
+
+
+def _power(base: Any, exponent: Any) -> Any:
+    """Runtime ``**``: Python numbers (e.g. ``x.ndim``) get the same guard as at check time."""
+    if isinstance(base, _NUMBER_TYPES) and isinstance(exponent, _NUMBER_TYPES):
+        return _number_power(base, exponent)
+    return base**exponent
+
+
+def _multiply(left: Any, right: Any) -> Any:
+    """Runtime ``*``: refuse ``inputs * 10**9``-style repetition of tuples and lists."""
+    if isinstance(left, (tuple, list)) or isinstance(right, (tuple, list)):
+        raise ActionError("repeating a tuple or list with '*' is not allowed")
+    return left * right
+
+
+_GLOBALS: dict[str, Any] = {
+    "__builtins__": {},
+    **FUNCTIONS,
+    "_attr": _read_attribute,
+    "_method": _find_method,
+    "_pow": _power,
+    "_mul": _multiply,
+}
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _helper_call(helper: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
+    return ast.copy_location(ast.Call(ast.Name(helper, ast.Load()), args, []), like)
+
+
+def _on_module(node: ast.expr) -> bool:
+    """True for ``module`` and ``module.a.b``, whose attributes are only known at run time."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "module"
+
+
+def _is_number(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, _NUMBER_TYPES)
+
+
+class _Checker(ast.NodeTransformer):
+    """One walk that refuses what is not allowed, folds numbers and inserts the runtime checks."""
+
+    def __init__(self, text: str, where: str, names: Collection[str]) -> None:
+        self.text, self.where, self.names = text, where, tuple(names)
+        self.used: set[str] = set()
+        self.depth = 0
+
+    def refuse(self, node: ast.AST, reason: str) -> ConfigError:
+        segment = ast.get_source_segment(self.text, node) or self.text
+        context = "" if segment == self.text else f" in '{_shorten(self.text)}'"
+        return ConfigError(f"{self.where}: '{_shorten(segment)}'{context}: {reason}")
+
+    def visit(self, node: ast.AST) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise self.refuse(node, f"expression is nested deeper than {MAX_DEPTH} levels")
+            return super().visit(node)
+        finally:
+            self.depth -= 1
+
+    def generic_visit(self, node: ast.AST) -> Any:
+        raise self.refuse(node, _REFUSED_NODES.get(type(node), f"{type(node).__name__} is not allowed"))
+
+    def visit_Expression(self, node: ast.Expression) -> Any:
+        node.body = self.visit(node.body)
+        return node
+
+    def visit_Constant(self, node: ast.Constant) -> Any:
+        value = node.value
+        if value is Ellipsis:
+            raise self.refuse(node, "'...' is only allowed inside [ ]")
+        if value is not None and type(value) not in (int, float, bool):
+            raise self.refuse(node, f"{type(value).__name__} values are not allowed, only numbers")
+        if value is not None and not _is_real(value):
+            raise self.refuse(node, "numbers must be finite and fit in a float")
+        return node
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        name = node.id
+        if name in self.names:
+            self.used.add(name)
+            return node
+        if name in FUNCTIONS:
+            raise self.refuse(node, f"function {name!r} must be called, e.g. {name}(x)")
+        allowed = ", ".join(self.names)
+        if name in NAMES:
+            raise self.refuse(node, f"variable {name!r} is not available here; allowed: {allowed}")
+        hint = did_you_mean(name, [*self.names, *FUNCTIONS])
+        raise self.refuse(node, f"unknown name {name!r}.{hint} Variables: {allowed}")
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        node.operand = self.visit(node.operand)
+        if type(node.op) in _FOLDS and _is_number(node.operand):
+            return self.fold(node)
+        return node
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        op = type(node.op)
+        if not isinstance(node.op, _BINARY_OPS):
+            raise self.refuse(node, "this operator is not allowed")
+        node.left, node.right = self.visit(node.left), self.visit(node.right)
+        if op in _FOLDS and _is_number(node.left) and _is_number(node.right):
+            return self.fold(node)
+        if op is ast.Pow:
+            return _helper_call("_pow", [node.left, node.right], node)
+        if op is ast.Mult:
+            return _helper_call("_mul", [node.left, node.right], node)
+        return node
+
+    def fold(self, node: ast.BinOp | ast.UnaryOp) -> ast.Constant:
+        operands = [node.operand] if isinstance(node, ast.UnaryOp) else [node.left, node.right]
+        try:
+            value = _FOLDS[type(node.op)](*(operand.value for operand in operands if isinstance(operand, ast.Constant)))
+            if not _is_real(value):
+                raise ValueError("the result is not a finite real number")
+        except (ValueError, ArithmeticError) as error:
+            raise self.refuse(node, f"cannot compute ({error})") from None
+        return ast.copy_location(ast.Constant(value), node)
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        if len(node.ops) > 1:
+            raise self.refuse(node, "chained comparisons do not work on tensors; write (a < x) & (x < b)")
+        if isinstance(node.ops[0], _REFUSED_COMPARISONS):
+            raise self.refuse(node, "'is' and 'in' are not allowed; compare with == != < <= > >=")
+        node.left = self.visit(node.left)
+        node.comparators = [self.visit(node.comparators[0])]
+        return node
+
+    def visit_Subscript(self, node: ast.Subscript) -> Any:
+        if isinstance(node.value, ast.Constant):
+            raise self.refuse(node, "numbers cannot be indexed")
+        node.value = self.visit(node.value)
+        if isinstance(node.slice, ast.Tuple):
+            node.slice.elts = [self.check_index_part(part) for part in node.slice.elts]
+        else:
+            node.slice = self.check_index_part(node.slice)
+        return node
+
+    def check_index_part(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant) and node.value is Ellipsis:
+            return node
+        if isinstance(node, ast.Slice):
+            node.lower, node.upper, node.step = (
+                None if part is None else self.visit(part) for part in (node.lower, node.upper, node.step)
+            )
+            return node
+        return self.visit(node)
+
+    def visit_Tuple(self, node: ast.Tuple | ast.List) -> Any:
+        node.elts = [self.visit(element) for element in node.elts]
+        return node
+
+    def visit_List(self, node: ast.List) -> Any:
+        return self.visit_Tuple(node)
+
+    def check_attribute_name(self, node: ast.Attribute) -> None:
+        if node.attr.startswith("_"):
+            raise self.refuse(node, f"names starting with '_' are not allowed ('.{node.attr}')")
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        self.check_attribute_name(node)
+        if node.attr not in TENSOR_ATTRIBUTES and not _on_module(node.value):
+            raise self.refuse(
+                node,
+                f"'.{node.attr}' cannot be read; tensors have {', '.join(sorted(TENSOR_ATTRIBUTES))}"
+                " and module.NAME reads the module's parameters, buffers and numbers",
+            )
+        return _helper_call("_attr", [self.visit(node.value), ast.Constant(node.attr)], node)
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        func = node.func
+        if isinstance(func, ast.Name):
+            if func.id not in FUNCTIONS:
+                hint = did_you_mean(func.id, FUNCTIONS)
+                raise self.refuse(node, f"unknown function {func.id!r}.{hint} Functions: {', '.join(FUNCTIONS)}")
+        elif isinstance(func, ast.Attribute):
+            self.check_attribute_name(func)
+            if func.attr not in TENSOR_METHODS:
+                hint = did_you_mean(func.attr, TENSOR_METHODS)
+                methods = ", ".join(sorted(TENSOR_METHODS))
+                reason = f"unknown tensor method '.{func.attr}()'.{hint} In-place methods are never allowed."
+                raise self.refuse(node, f"{reason} Methods: {methods}")
+            node.func = _helper_call("_method", [self.visit(func.value), ast.Constant(func.attr)], func)
+        else:
+            raise self.refuse(node, "only functions and tensor methods can be called")
+        node.args = [self.visit(arg) for arg in node.args]
+        for keyword in node.keywords:
+            if keyword.arg is None:
+                raise self.refuse(keyword, "'**' unpacking is not allowed")
+            if keyword.arg.startswith("_") or keyword.arg in _WRITING_KEYWORDS:
+                raise self.refuse(keyword, f"keyword {keyword.arg!r} is not allowed")
+            keyword.value = self.visit(keyword.value)
+        return node
+
+
+class Expr:
+    """A checked expression compiled once; call it with the variables it uses.
+
+    >>> scale = compile_expr("x * module.W + module.b", where="actions.scale.expr")
+    >>> y = scale(x=tensor, module=layer)  # doctest: +SKIP
+    """
+
+    __slots__ = ("text", "where", "names_used", "_names", "_code", "_derive_x")
+
+    def __init__(self, text: str, where: str, names: Collection[str], used: frozenset[str], code: Any) -> None:
+        self.text, self.where, self._names = text, where, tuple(names)
+        self.names_used = used
+        self._code = code
+        self._derive_x = "x" in used
+
+    def __call__(self, **env: Any) -> Any:
+        """Evaluate with ``x``, ``inputs``, ``output``, ``grad``, ``module`` as given by the hook."""
+        module = env.get("module")
+        if module is not None and type(module) is not ModuleView:
+            env["module"] = ModuleView(module)
+        if self._derive_x and "x" not in env and "inputs" in env:
+            env["x"] = env["inputs"][0]
+        try:
+            return eval(self._code, _GLOBALS, env)  # checked and rewritten by _Checker
+        except NameError as error:
+            raise ActionError(
+                f"{self.where}: '{self.text}' uses {error.name!r}, which this hook does not provide"
+            ) from None
+        except Exception as error:
+            raise ActionError(f"{self.where}: '{_shorten(self.text)}' failed: {error}") from error
+
+    def __repr__(self) -> str:
+        return f"Expr({self.text!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # code objects do not pickle; checking again is cheap and keeps the guarantee
+        return compile_expr, (self.text, self.where, self._names)
+
+
+def _check_size(text: Any, where: str) -> str:
+    """Refuse non-strings, overlong texts and deep bracket nesting before the parser sees them."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: expected an expression string, got {type(text).__name__} {text!r}")
+    if len(text) > MAX_LENGTH:
+        raise ConfigError(f"{where}: expression is longer than {MAX_LENGTH} characters: '{_shorten(text)}'")
+    depth = deepest = 0
+    for char in text:
+        depth += (char in "([{") - (char in ")]}")
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        raise ConfigError(f"{where}: brackets are nested deeper than {MAX_DEPTH} levels: '{_shorten(text)}'")
+    return text.strip()
+
+
+def _parse(source: str, text: str, where: str) -> ast.Expression:
+    try:
+        return ast.parse(source, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        reason = getattr(error, "msg", None) or type(error).__name__
+        raise ConfigError(f"{where}: '{_shorten(text)}' is not a valid expression ({reason})") from None
+
+
+def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:
+    """Parse and check ``text`` once and return a fast callable; refusals are ConfigErrors naming ``where``.
+
+    >>> compile_expr("relu(x) * 2", "actions.act.expr").names_used
+    frozenset({'x'})
+    """
+    text = _check_size(text, where)
+    checker = _Checker(text, where, names)
+    tree = ast.fix_missing_locations(checker.visit(_parse(text, text, where)))
+    return Expr(text, where, names, frozenset(checker.used), compile(tree, "<expr>", "eval"))
+
+
+def _literal_index_part(node: ast.expr) -> Any:
+    """The value of one literal index part, or raise ValueError."""
+    if isinstance(node, ast.Slice):
+        lower, upper, step = (None if p is None else _literal_int(p) for p in (node.lower, node.upper, node.step))
+        if step is not None and step <= 0:
+            raise ValueError("slice steps must be positive (use flip to reverse)")
+        return slice(lower, upper, step)
+    if isinstance(node, ast.Constant) and (node.value is None or node.value is Ellipsis):
+        return node.value
+    return _literal_int(node)
+
+
+def _literal_int(node: ast.expr) -> int:
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        sign, node = -1, node.operand
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return sign * node.value
+    raise ValueError("only integers, slices of integers, '...' and None are allowed")
+
+
+def compile_index(text: str, where: str) -> tuple[Any, ...]:
+    """Turn a literal index like ``"[:, 3:5]"`` into ``(slice(None), slice(3, 5))``; nothing is evaluated."""
+    text = _check_size(text, where)
+    if not (text.startswith("[") and text.endswith("]")):
+        raise ConfigError(f"{where}: an index must be written in brackets, like '[:, 3:5]'; got '{_shorten(text)}'")
+    source = "x" + text
+    body = _parse(source, text, where).body
+    if not (isinstance(body, ast.Subscript) and isinstance(body.value, ast.Name)):
+        raise ConfigError(f"{where}: '{_shorten(text)}' is not a single index like '[:, 3:5]'")
+    parts = body.slice.elts if isinstance(body.slice, ast.Tuple) else [body.slice]
+    index = []
+    for part in parts:
+        try:
+            index.append(_literal_index_part(part))
+        except ValueError as error:
+            segment = ast.get_source_segment(source, part) or text
+            raise ConfigError(f"{where}: {error}: '{segment}' in '{_shorten(text)}'") from None
+    return tuple(index)
