@@ -61,7 +61,9 @@ def _task(cfg: DictConfig) -> None:
     except Exception:
         _internal_failure = True
         traceback.print_exc()
-        print("error: an unexpected internal failure (exit 1); please report it with the traceback above", file=sys.stderr)
+        print(
+            "error: an unexpected internal failure (exit 1); please report it with the traceback above", file=sys.stderr
+        )
         sys.exit(EXIT_INTERNAL)
 
 

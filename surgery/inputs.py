@@ -15,7 +15,9 @@ from surgery.io import read_input_file
 INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target")
 
 
-def make_inputs(spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+def make_inputs(
+    spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, ...]:
     """Positional model inputs described by ``spec`` (kind random or file)."""
     unknown = sorted(set(spec) - set(INPUT_KEYS))
     if unknown:
@@ -24,7 +26,9 @@ def make_inputs(spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: 
     shapes = _shapes(spec)
     if kind == "random":
         if not shapes:
-            raise ConfigError("input.shape: no input shape; give input.shape=[...] or a model config with input defaults")
+            raise ConfigError(
+                "input.shape: no input shape; give input.shape=[...] or a model config with input defaults"
+            )
         gen = generator_for(seed, "input", torch.device("cpu"))
         return tuple(torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for s in shapes)
     if kind == "file":

@@ -17,7 +17,7 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".safetensors", ".png")
 
 
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Write via a temp file in the same directory and rename, so no half file is ever left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -32,7 +32,8 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     """Atomically write pretty JSON."""
-    write_atomic(path, lambda p: p.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    write_atomic(path, lambda p: p.write_text(text))
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -16,7 +16,7 @@ class Ledger:
     """Records every change as an undo callable so ``rollback`` restores the model exactly."""
 
     def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[Callable[[], object]] = []
         self.hook_count: dict[str, int] = {}
         self.captures: dict[str, dict[str, Record]] = {}
         self.action = ""
@@ -34,7 +34,7 @@ class Ledger:
         self._undo.append(handle.remove)
         self.hook_count[self.action] = self.hook_count.get(self.action, 0) + 1
 
-    def add_undo(self, undo: Callable[[], None]) -> None:
+    def add_undo(self, undo: Callable[[], object]) -> None:
         """Own an undo callable for a change made outside hooks (a weight, a new parameter)."""
         self._undo.append(undo)
 
@@ -59,4 +59,3 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._undo)
-

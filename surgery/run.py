@@ -134,7 +134,8 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     timings["apply_s"] = time.perf_counter() - clock
     try:
         modules_after, params_after = _counts(model)
-        state_after = model.state_dict()
+        state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
+        saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else {}
         clock = time.perf_counter()
         output = forward(model, inputs, settings, input_spec.get("target"))
         timings["forward_s"] = time.perf_counter() - clock
@@ -169,16 +170,30 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             "matched_modules": matched_print,
             "input": fingerprint(inputs),
             "state_dict_before": state_before,
-            "state_dict_after": fingerprint(state_after),
+            "state_dict_after": state_after,
             "output": fingerprint(output),
         },
     )
     if captures:
         write_tensors(out_dir / "captures.safetensors", captures)
     if settings.save_model:
-        write_tensors(out_dir / "model.safetensors", dict(state_after))
+        write_tensors(out_dir / "model.safetensors", saved)
     write_json(out_dir / "report.json", report)
+    print(summary_line(report, out_dir))
     return report
+
+
+def summary_line(report: dict[str, Any], out_dir: Path) -> str:
+    """One line for people: output shape, change against the original, hooks, where files went."""
+    parts = [f"output {report['output'].get('shape')}"]
+    diff = report.get("difference") or {}
+    if diff.get("comparable"):
+        parts.append(f"max |change| vs original {diff['max_abs']:.4g} (mean {diff['mean_abs']:.4g})")
+    hooks = sum(step.get("hooks", 0) for step in report["plan"])
+    parts.append(f"{hooks} hook(s), restored exactly")
+    if report["captures"]["count"]:
+        parts.append(f"{report['captures']['count']} captured tensor(s)")
+    return "; ".join(parts) + f"; wrote {out_dir}"
 
 
 def _plain(node: Any) -> dict[str, Any]:

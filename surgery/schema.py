@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -44,17 +44,17 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 class RunSettings:
     """The run settings of ``conf/config.yaml`` (SPEC §2)."""
 
-    mode: str = "run"  # run | plan | modules
+    mode: str = "run"  # run | plan (what would match, change nothing) | modules (list modules)
     seed: int = 0  # seeds torch, numpy, python; every random init/noise derives from it
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
-    dtype: str = "float32"
-    strict: bool = True  # a selector that matches nothing is an error
+    dtype: str = "float32"  # model and input dtype
+    strict: bool = True  # a selector that matches nothing is an error (an action can opt out: allow_empty)
     safe: bool = False  # refuse import-path callables and _target_ outside torch/surgery
     backward: bool = False  # also run a backward pass so backward hooks fire
     loss: str = "sum"  # loss for the backward pass
     compare: bool = True  # also run the unmodified model and report the difference
     save_model: bool = False  # write the surgered state_dict as model.safetensors
-    verbose: bool = False  # tracebacks on errors
+    verbose: bool = False  # full tracebacks on errors
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)
@@ -97,12 +97,12 @@ INIT_METHODS = (
 class InitSpec:
     """How to fill a tensor: ``method`` and that method's arguments."""
 
-    method: str = MISSING  # one of INIT_METHODS
-    value: Optional[float] = None  # constant
+    method: str = MISSING  # how to fill: see the methods listed below
+    value: float | None = None  # constant
     mean: float = 0.0  # normal, trunc_normal
     std: float = 1.0  # normal, trunc_normal
-    a: Optional[float] = None  # uniform low (0), trunc_normal low (-2), kaiming negative slope (0)
-    b: Optional[float] = None  # uniform high (1), trunc_normal high (2)
+    a: float | None = None  # uniform low (0), trunc_normal low (-2), kaiming negative slope (0)
+    b: float | None = None  # uniform high (1), trunc_normal high (2)
     gain: float = 1.0  # xavier, orthogonal
     mode: str = "fan_in"  # kaiming: fan_in | fan_out
     nonlinearity: str = "leaky_relu"  # kaiming
@@ -131,9 +131,9 @@ class AddTensorAction(Action):
     """Keys shared by add_parameter and add_buffer."""
 
     name: str = MISSING  # attribute name of the new tensor
-    shape: Optional[list[int]] = None  # its shape ...
-    like: Optional[str] = None  # ... or the shape/dtype/device of this tensor of the module
-    init: InitSpec = field(default_factory=lambda: InitSpec(method="zeros"))
+    shape: list[int] | None = None  # shape of the new tensor (give shape or like)
+    like: str | None = None  # or: copy shape and dtype from this parameter/buffer of the module
+    init: InitSpec = field(default_factory=lambda: InitSpec(method="zeros"))  # how to fill it
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -150,7 +150,7 @@ class AddTensorAction(Action):
 class AddParameterAction(AddTensorAction):
     """add_parameter: register a new nn.Parameter on each selected module."""
 
-    requires_grad: bool = True
+    requires_grad: bool = True  # whether the new parameter trains
 
 
 @dataclass
@@ -164,7 +164,7 @@ class AddBufferAction(AddTensorAction):
 class FreezeAction(Action):
     """freeze / unfreeze: set requires_grad on the selected parameters."""
 
-    param: str = "*"
+    param: str = "*"  # parameter-name glob within each selected module
 
 
 FORWARD_FNS = ("identity", "zero", "linear")
@@ -174,8 +174,8 @@ FORWARD_FNS = ("identity", "zero", "linear")
 class ReplaceForwardAction(Action):
     """replace_forward: the module's output becomes ``expr`` or a built-in ``fn``."""
 
-    fn: Optional[str] = None  # identity | zero | linear
-    expr: Optional[str] = None  # e.g. "x * module.W + module.b"
+    fn: str | None = None  # identity | zero | linear
+    expr: str | None = None  # e.g. "x * module.W + module.b"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -197,15 +197,15 @@ OP_NEEDS = {
 class OpArgs:
     """An op on a tensor, shared by the modify kinds."""
 
-    op: str = MISSING  # add mul set zero clamp noise mean_ablate expr (+ clip_norm clip_value for grads)
-    value: Optional[float] = None  # add, mul, set, clip_value
-    min: Optional[float] = None  # clamp
-    max: Optional[float] = None  # clamp
-    std: Optional[float] = None  # noise
+    op: str = MISSING  # which op: see the ops listed below
+    value: float | None = None  # add, mul, set, clip_value
+    min: float | None = None  # clamp
+    max: float | None = None  # clamp
+    std: float | None = None  # noise
     dim: Any = 0  # mean_ablate: dim or list of dims to average over
-    max_norm: Optional[float] = None  # clip_norm
-    expr: Optional[str] = None  # expr
-    index: Optional[str] = None  # subscript such as "[:, 3:5]": only that slice changes
+    max_norm: float | None = None  # clip_norm
+    expr: str | None = None  # expr: the new value; the tensor is named output, x or grad
+    index: str | None = None  # subscript such as "[:, 3:5]": only that slice changes
 
     def check_op(self, ops: tuple[str, ...]) -> None:
         """Check the op is known here and has the values it needs."""
@@ -221,7 +221,7 @@ class OpArgs:
 class ModifyAction(Action, OpArgs):
     """modify_output / modify_input: an op on one item of the output or positional input."""
 
-    item: Any = 0  # element of a tuple/list/dict output (int or key); a plain tensor is used as is
+    item: Any = 0  # output: tuple/list/dict element (int or key); input: position; a plain tensor is used as is
 
     def __post_init__(self) -> None:
         Action.__post_init__(self)
@@ -232,8 +232,8 @@ class ModifyAction(Action, OpArgs):
 class ModifyGradAction(Action, OpArgs):
     """modify_grad: an op on grad_input (full backward hook) or on a parameter's grad."""
 
-    param: Optional[str] = None  # set: Tensor.register_hook on these parameters
-    item: Optional[int] = None  # which grad_input element; absent: every tensor element
+    param: str | None = None  # set: Tensor.register_hook on these parameters
+    item: int | None = None  # which grad_input element; absent: every tensor element
 
     def __post_init__(self) -> None:
         Action.__post_init__(self)
@@ -245,7 +245,7 @@ class CaptureAction(Action):
     """capture: record inputs and/or outputs of every call."""
 
     what: list[str] = field(default_factory=lambda: ["output"])  # input, output
-    to: str = "memory"
+    to: str = "memory"  # where records go: memory (s.captures, then captures.safetensors)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -260,7 +260,7 @@ class CaptureAction(Action):
 class CaptureGradAction(Action):
     """capture_grad: record grad_input/grad_output, or a parameter's gradient with ``param``."""
 
-    param: Optional[str] = None  # set: Tensor.register_hook on these parameters
+    param: str | None = None  # set: Tensor.register_hook on these parameters
 
     def __post_init__(self) -> None:
         super().__post_init__()

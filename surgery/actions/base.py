@@ -133,11 +133,15 @@ def generator_for(seed: int, action: str, device: torch.device) -> torch.Generat
     return gen
 
 
+def find_tensor(module: nn.Module, name: str) -> torch.Tensor | None:
+    """The module's own parameter or buffer ``name``, or None."""
+    tensor: torch.Tensor | None = module._parameters.get(name)
+    return module._buffers.get(name) if tensor is None else tensor
+
+
 def tensor_named(module: nn.Module, name: str) -> torch.Tensor:
     """The module's own parameter or buffer ``name`` (looked up at apply time)."""
-    tensor = module._parameters.get(name)
-    if tensor is None:
-        tensor = module._buffers.get(name)
+    tensor = find_tensor(module, name)
     if tensor is None:
         raise KeyError(f"module has no parameter or buffer {name!r}")
     return tensor
@@ -145,6 +149,10 @@ def tensor_named(module: nn.Module, name: str) -> torch.Tensor:
 
 def hook_failed(action: str, module: str, error: Exception) -> ActionError:
     """The error a hook raises when its body fails: it names the action and the module."""
+    text = str(error)
+    if isinstance(error, SurgeryError) and text.startswith(f"actions.{action}") and ": " in text:
+        where, rest = text.split(": ", 1)  # already says which key failed: add the module
+        return ActionError(f"{where} on module {module!r}: {rest}")
     if isinstance(error, SurgeryError):
-        return ActionError(f"actions.{action} on module {module!r}: {error}")
+        return ActionError(f"actions.{action} on module {module!r}: {text}")
     return ActionError(f"actions.{action} on module {module!r}: {type(error).__name__}: {error}")

@@ -78,7 +78,8 @@ class Log(Kind):
 
                 def hook(m: nn.Module, args: tuple[Any, ...], output: Any, name: str = name) -> None:
                     try:
-                        print(f"[{action}] {name} ({type(m).__name__}): in {describe(args, stats)} -> out {describe(output, stats)}", flush=True)
+                        shapes = f"in {describe(args, stats)} -> out {describe(output, stats)}"
+                        print(f"[{action}] {name} ({type(m).__name__}): {shapes}", flush=True)
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 

@@ -86,7 +86,9 @@ class ReplaceForward(Kind):
                         f"{ctx.where}.fn: 'linear' needs a weight (parameter 'weight' or 'W') on module"
                         f" {target.name!r} ({type(target.module).__name__}); use expr instead"
                     )
-                computes.append((target, _linear(target.module, weight, _own_tensor(target.module, ("bias", "b"), ctx))))
+                computes.append(
+                    (target, _linear(target.module, weight, _own_tensor(target.module, ("bias", "b"), ctx)))
+                )
         action = ctx.name
 
         def apply(ledger: Ledger) -> None:

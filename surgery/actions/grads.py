@@ -42,7 +42,10 @@ def _detach_all(grads: Grads) -> Grads:
 
 
 def _each_param(
-    ledger: Ledger, action: str, found: list[tuple[Target, str, TensorSpec]], make_hook: Callable[[str, nn.Module], Callable]
+    ledger: Ledger,
+    action: str,
+    found: list[tuple[Target, str, TensorSpec]],
+    make_hook: Callable[[str, nn.Module], Callable],
 ) -> None:
     """Register one tensor hook per matched parameter, looked up at apply time."""
     for target, pname, _ in ledger.each(action, found, lambda f: full_name(f[0], f[1])):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -104,7 +105,7 @@ class Init(Kind):
                     ledger.where = f"{names[id(module)]}.{pname}"
                     tensor = tensor_named(module, pname)
                     old = tensor.detach().clone()
-                    ledger.add_undo(lambda t=tensor, o=old: _restore(t, o))
+                    ledger.add_undo(partial(_restore, tensor, old))
                     if tensor.device not in generators:
                         generators[tensor.device] = generator_for(seed, action, tensor.device)
                     fill_(tensor, cfg, generators[tensor.device])
@@ -118,4 +119,3 @@ class Init(Kind):
 def _restore(tensor: torch.Tensor, old: torch.Tensor) -> None:
     with torch.no_grad():
         tensor.copy_(old)
-

@@ -29,7 +29,9 @@ def make_op(cfg: OpArgs, where: str, seed: int, action: str, var: str) -> Callab
     return sliced
 
 
-def _elementwise(cfg: OpArgs, where: str, seed: int, action: str, var: str) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+def _elementwise(
+    cfg: OpArgs, where: str, seed: int, action: str, var: str
+) -> Callable[[torch.Tensor, Any], torch.Tensor]:
     op = cfg.op
     if op == "add":
         value = float(cfg.value)  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from surgery.actions.base import (
     Kind,
     Step,
     TensorSpec,
+    find_tensor,
     full_name,
     generator_for,
     modules_of,
@@ -80,7 +82,7 @@ class AddTensor(Kind):
                 tensor = torch.empty(shape, dtype=dtype, device=device)
                 fill_(tensor, cfg.init, generators[device])
                 register(module, cfg, tensor)
-                ledger.add_undo(lambda m=module: delattr(m, cfg.name))
+                ledger.add_undo(partial(delattr, module, cfg.name))
 
             with torch.no_grad():
                 root.apply(visit)
@@ -95,9 +97,7 @@ class AddTensor(Kind):
 def _like(module: nn.Module, name: str, taken: dict[str, TensorSpec], target: Target, ctx: BindContext) -> TensorSpec:
     if name in taken:
         return taken[name]
-    tensor = module._parameters.get(name)
-    if tensor is None:
-        tensor = module._buffers.get(name)
+    tensor = find_tensor(module, name)
     if tensor is None:
         own = list(module._parameters) + list(module._buffers)
         raise ConfigError(
@@ -109,7 +109,7 @@ def _like(module: nn.Module, name: str, taken: dict[str, TensorSpec], target: Ta
 
 @KINDS.register("add_parameter")
 class AddParameter(AddTensor):
-    """``add_parameter``: an ``nn.Parameter`` of ``shape`` (or ``like``) filled by ``init``."""
+    """An ``nn.Parameter`` of ``shape`` (or ``like``) filled by ``init``."""
 
     name = "add_parameter"
     schema = AddParameterAction
@@ -121,7 +121,7 @@ class AddParameter(AddTensor):
 
 @KINDS.register("add_buffer")
 class AddBuffer(AddTensor):
-    """``add_buffer``: a buffer of ``shape`` (or ``like``) filled by ``init``; ``persistent`` or not."""
+    """A buffer of ``shape`` (or ``like``) filled by ``init``; ``persistent`` or not."""
 
     name = "add_buffer"
     schema = AddBufferAction
@@ -155,7 +155,7 @@ class SetRequiresGrad(Kind):
                     tensor = tensor_named(module, pname)
                     old = tensor.requires_grad
                     tensor.requires_grad_(flag)
-                    ledger.add_undo(lambda t=tensor, o=old: t.requires_grad_(o))
+                    ledger.add_undo(partial(tensor.requires_grad_, old))
 
             root.apply(visit)
 
@@ -164,7 +164,7 @@ class SetRequiresGrad(Kind):
 
 @KINDS.register("freeze")
 class Freeze(SetRequiresGrad):
-    """``freeze``: requires_grad = False."""
+    """Set requires_grad = False on the selected parameters; undo restores each flag."""
 
     name = "freeze"
     flag = False
@@ -172,7 +172,7 @@ class Freeze(SetRequiresGrad):
 
 @KINDS.register("unfreeze")
 class Unfreeze(SetRequiresGrad):
-    """``unfreeze``: requires_grad = True."""
+    """Set requires_grad = True on the selected parameters; undo restores each flag."""
 
     name = "unfreeze"
     flag = True

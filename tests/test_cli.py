@@ -1,0 +1,175 @@
+"""The command line, end to end: a few real subprocesses, the rest composed in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from surgery.errors import SurgeryError
+from surgery.paths import config_dir, group_options
+from surgery.run import run_job
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Pickled:
+    """An arbitrary object: loading it would need full unpickling, which surgery never does."""
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m surgery ARGS`` in ``cwd`` with this checkout importable."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "surgery", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def only_run_dir(root: Path) -> Path:
+    reports = list(root.glob("outputs/*/*/report.json"))
+    assert len(reports) == 1, reports
+    return reports[0].parent
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+# ---------------------------------------------------------------- subprocess: the real entry point
+
+
+def test_main_job_writes_a_report_and_exits_0(tmp_path: Path) -> None:
+    result = cli("+model=cnn", "+actions=[linearize,capture_block3]", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"linearize\s+replace_forward\s+forward hook\s+3\s+block1.act", result.stdout)
+    assert "restored exactly" in result.stdout
+    run = only_run_dir(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    assert report["plan"][0]["matched"] == ["block1.act", "block2.act", "block3.act"]
+    assert report["plan"][0]["hooks"] == 3
+    assert report["restored"] is True
+    assert report["difference"]["comparable"] and report["difference"]["max_abs"] > 0
+    assert set(report["fingerprints"]) == {
+        "config", "matched_modules", "input", "state_dict_before", "state_dict_after", "output"
+    }  # fmt: skip
+    from safetensors.torch import load_file
+
+    captures = load_file(str(run / "captures.safetensors"))
+    assert set(captures) == {"capture_block3/block3/input.0", "capture_block3/block3/output"}
+    assert captures["capture_block3/block3/output"].shape == (2, 32, 3, 3)
+    assert (run / ".hydra" / "config.yaml").exists()
+
+
+def test_typo_in_an_action_key_exits_2_naming_the_key_and_writes_nothing(tmp_path: Path) -> None:
+    result = cli("+model=cnn", "+actions=linearize", "+actions.linearize.selct=block1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "actions.linearize.selct: unknown key. Did you mean 'select'?" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("outputs/*/*/report.json"))
+
+
+def test_unknown_model_option_exits_2(tmp_path: Path) -> None:
+    result = cli("+model=resnet", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "resnet" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_no_model_prints_the_options(tmp_path: Path) -> None:
+    result = cli(cwd=tmp_path)
+    assert result.returncode == 0
+    assert "model:" in result.stdout and "cnn" in result.stdout and "linearize" in result.stdout
+
+
+def test_modes_plan_and_modules(tmp_path: Path) -> None:
+    result = cli("+model=functions", "+actions=function_linear", "mode=plan", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "add_b   add_parameter    apply pass    4  ab.a.b, ab.b.b, cd.c.b, cd.d.b" in result.stdout
+    report = json.loads((only_run_dir(tmp_path) / "report.json").read_text())
+    assert report["mode"] == "plan" and "output" not in report
+    (tmp_path / "m").mkdir()
+    result = cli("+model=functions", "mode=modules", cwd=tmp_path / "m")
+    assert re.search(r"ab\.a\s+Function_A\s+1\s+W\[1\]", result.stdout)
+
+
+# ---------------------------------------------------------------- in-process: every config, every mode
+
+
+def test_functions_run_gives_the_hand_computed_numbers(tmp_path: Path) -> None:
+    cfg = composed("+model=functions", "+actions=function_linear", "backward=true")
+    report = run_job(cfg, tmp_path)
+    # every Function becomes x * 1 + 1, so the model computes x1 + x2 + 4
+    gen_inputs = report["input"]
+    assert report["output"]["mean"] == pytest.approx(gen_inputs[0]["mean"] + gen_inputs[1]["mean"] + 4)
+    assert report["model"]["parameters_after"] == report["model"]["parameters_before"] + 4
+
+
+@pytest.mark.parametrize("model", group_options("model"))
+def test_every_model_config_builds_and_runs(model: str, tmp_path: Path) -> None:
+    report = run_job(composed(f"+model={model}", "+actions=init_ones", "backward=true"), tmp_path)
+    assert (
+        report["restored"] and report["fingerprints"]["state_dict_before"] != report["fingerprints"]["state_dict_after"]
+    )
+
+
+ACTIONS_FOR = {"function_linear": "functions", "add_five": "functions"}
+
+
+@pytest.mark.parametrize("actions", group_options("actions"))
+def test_every_actions_config_runs_on_a_model_it_is_meant_for(actions: str, tmp_path: Path) -> None:
+    model = ACTIONS_FOR.get(actions, "cnn")
+    report = run_job(composed(f"+model={model}", f"+actions={actions}", "backward=true"), tmp_path)
+    assert report["restored"] and all(step["hooks"] or step["mechanism"] == "apply pass" for step in report["plan"])
+
+
+def test_same_config_and_seed_give_identical_fingerprints(tmp_path: Path) -> None:
+    cfg = composed("+model=cnn", "+actions=[linearize,init_ones]", "seed=5")
+    first = run_job(cfg, tmp_path / "a")["fingerprints"]
+    assert run_job(cfg, tmp_path / "b")["fingerprints"] == first
+    assert (
+        run_job(composed("+model=cnn", "+actions=[linearize,init_ones]", "seed=6"), tmp_path / "c")["fingerprints"][
+            "input"
+        ]
+        != first["input"]
+    )
+
+
+def test_input_file_and_bad_inputs(tmp_path: Path) -> None:
+    torch.save(torch.randn(1, 28, 28), tmp_path / "digit.pt")
+    report = run_job(
+        composed("+model=cnn", "+actions=linearize", "+input=file", f"input.path={tmp_path / 'digit.pt'}"), tmp_path
+    )
+    assert report["input"][0]["shape"] == [1, 1, 28, 28]
+    torch.save(torch.randn(3, 5), tmp_path / "wrong.pt")
+    with pytest.raises(SurgeryError, match=r"input\.path: .*wrong\.pt' holds a tensor of shape \[3, 5\]"):
+        run_job(
+            composed("+model=cnn", "+actions=linearize", "+input=file", f"input.path={tmp_path / 'wrong.pt'}"), tmp_path
+        )
+    with pytest.raises(SurgeryError, match=r"device: 'cuda' asked for, but torch sees no CUDA GPU"):
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+        run_job(composed("+model=cnn", "+actions=linearize", "device=cuda"), tmp_path)
+    with pytest.raises(SurgeryError, match=r"^seed: Value 'abc'"):
+        run_job(composed("+model=cnn", "seed=abc"), tmp_path)
+    assert not (tmp_path / "report.json").exists() or report
+
+
+def test_checkpoint_round_trip_and_pickled_object_refused(tmp_path: Path) -> None:
+    cfg = composed("+model=cnn", "+actions=init_ones", "save_model=true")
+    run_job(cfg, tmp_path)
+    saved = tmp_path / "model.safetensors"
+    assert saved.exists()
+    report = run_job(composed("+model=cnn", "+actions=linearize", f"model.checkpoint={saved}"), tmp_path / "b")
+    assert report["model"]["parameters_before"] > 0
+    torch.save({"weights": Pickled()}, tmp_path / "evil.pt")
+    with pytest.raises(SurgeryError, match=r"model\.checkpoint: cannot read .*evil\.pt.*weights_only=True"):
+        run_job(
+            composed("+model=cnn", "+actions=linearize", f"model.checkpoint={tmp_path / 'evil.pt'}"), tmp_path / "c"
+        )

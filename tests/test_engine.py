@@ -1,0 +1,90 @@
+"""All-or-nothing apply, errors from hooks, and exact removal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import surgery
+from surgery.errors import ActionError
+from tests.conftest import Snapshot, TinyNet
+
+
+class Exploding(nn.Module):
+    """A module whose attribute access fails, to break an apply pass half way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(2, 2))
+
+
+def test_a_failing_step_undoes_every_earlier_step(tiny: TinyNet, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = Snapshot.of(tiny)
+    actions = {
+        "w": {"kind": "init", "select": "conv", "param": "weight", "method": "zeros"},
+        "p": {"kind": "add_parameter", "select": "fc", "name": "gate", "shape": [3]},
+        "cap": {"kind": "capture", "type": ["Conv2d", "Linear"]},
+        "boom": {"kind": "add_buffer", "select": "norm", "name": "extra", "shape": [2]},
+    }
+    plan = surgery.plan(tiny, actions)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(nn.Module, "register_buffer", fail)
+    with pytest.raises(ActionError, match=r"actions\.boom: failed on 'norm': RuntimeError: disk on fire\. Nothing"):
+        surgery.apply(tiny, plan)
+    monkeypatch.undo()
+    before.assert_same(tiny)
+    assert not hasattr(tiny.fc, "gate")
+
+
+def test_a_hook_that_raises_names_action_and_module_and_stays_removable(tiny: TinyNet, x_img) -> None:
+    before = Snapshot.of(tiny)
+    s = surgery.apply(tiny, {"bad": {"kind": "replace_forward", "select": "pool", "expr": "x.reshape(7, 5)"}})
+    with pytest.raises(ActionError, match=r"actions\.bad\.expr on module 'pool': 'x\.reshape\(7, 5\)' failed: shape"):
+        tiny(x_img)
+    s.remove()
+    before.assert_same(tiny)
+
+
+def test_remove_is_idempotent_and_restores_changed_weights_bit_for_bit(tiny: TinyNet) -> None:
+    tiny.conv.weight.data[0, 0, 0, 0] = float("nan")  # NaN must survive the round trip too
+    before = Snapshot.of(tiny)
+    s = surgery.apply(tiny, {"w": {"kind": "init", "param": "*", "method": "normal"}})
+    assert not torch.isnan(tiny.conv.weight).any()
+    s.remove()
+    s.remove()
+    after = Snapshot.of(tiny)
+    assert torch.isnan(after.state["conv.weight"][0, 0, 0, 0])
+    nan_free = {k: torch.nan_to_num(v) for k, v in before.state.items()}
+    assert all(torch.equal(torch.nan_to_num(after.state[k]), v) for k, v in nan_free.items())
+
+
+def test_actions_on_one_module_run_in_plan_order() -> None:
+    model = nn.Sequential(nn.Identity())
+    actions = {
+        "double": {"kind": "modify_output", "select": "0", "op": "mul", "value": 2},
+        "plus_one": {"kind": "modify_output", "select": "0", "op": "add", "value": 1},
+    }
+    with surgery.apply(model, actions):
+        assert model(torch.tensor([3.0])).item() == 7.0  # (3 * 2) + 1
+
+
+def test_wrapped_models_use_the_same_recipe(tiny: TinyNet, x_img) -> None:
+    class DistributedDataParallel(nn.Module):  # named like DDP: its `module.` prefix is ignored
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+    wrapped = DistributedDataParallel(tiny)
+    plan = surgery.plan(wrapped, {"c": {"kind": "capture", "select": "conv"}})
+    assert plan.to_dict()[0]["matched"] == ["conv"] and plan.to_dict()[0]["matched_real"] == ["module.conv"]
+    assert "conv [module.conv]" in str(plan)
+    with surgery.apply(wrapped, plan) as s:
+        wrapped(x_img)
+    assert s.captures["c"]["conv"].output.shape == (2, 4, 6, 6)
