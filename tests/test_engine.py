@@ -88,3 +88,19 @@ def test_wrapped_models_use_the_same_recipe(tiny: TinyNet, x_img) -> None:
     with surgery.apply(wrapped, plan) as s:
         wrapped(x_img)
     assert s.captures["c"]["conv"].output.shape == (2, 4, 6, 6)
+
+
+def test_plan_accepts_a_name_a_yaml_path_a_dict_and_a_dictconfig(tmp_path, functions) -> None:
+    from omegaconf import OmegaConf
+
+    from surgery.paths import config_dir
+
+    as_dict = dict(OmegaConf.to_container(OmegaConf.load(config_dir() / "actions" / "function_linear.yaml")))
+    path = tmp_path / "mine.yaml"
+    path.write_text(OmegaConf.to_yaml(as_dict))
+    tables = {
+        str(surgery.plan(functions, source))
+        for source in ("function_linear", str(path), path, as_dict, OmegaConf.create(as_dict))
+    }
+    assert len(tables) == 1
+    assert "linear  replace_forward  forward hook  4  ab.a, ab.b, cd.c, cd.d" in tables.pop()
