@@ -12,13 +12,13 @@ from surgery.actions.base import generator_for
 from surgery.errors import ConfigError
 from surgery.io import read_input_file
 
-INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target")
+INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab")
 
 
 def make_inputs(
     spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, ...]:
-    """Positional model inputs described by ``spec`` (kind random or file)."""
+    """Positional model inputs described by ``spec`` (kind random, tokens or file)."""
     unknown = sorted(set(spec) - set(INPUT_KEYS))
     if unknown:
         raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
@@ -31,6 +31,12 @@ def make_inputs(
             )
         gen = generator_for(seed, "input", torch.device("cpu"))
         return tuple(torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for s in shapes)
+    if kind == "tokens":
+        vocab = spec.get("vocab")
+        if not shapes or not isinstance(vocab, int) or vocab < 1:
+            raise ConfigError("input.vocab: token inputs need input.shape=[batch, length] and input.vocab=N (N >= 1)")
+        gen = generator_for(seed, "input", torch.device("cpu"))
+        return tuple(torch.randint(0, vocab, s, generator=gen).to(device) for s in shapes)
     if kind == "file":
         path = spec.get("path")
         if not path or path == "???":
@@ -39,7 +45,7 @@ def make_inputs(
         if shapes:
             tensor = _fit(tensor, shapes[0], str(path))
         return (tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype),)
-    raise ConfigError(f"input.kind: {kind!r} is not one of random, file")
+    raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, file")
 
 
 def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:

@@ -90,7 +90,7 @@ def forward(model: nn.Module, inputs: tuple[torch.Tensor, ...], settings: RunSet
     if not settings.backward:
         with torch.no_grad():
             return model(*inputs)
-    inputs = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in inputs)
+    inputs = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in inputs)  # token ids stay ints
     output = model(*inputs)
     loss_of(first_tensor(output), settings.loss, target).backward()
     return output
