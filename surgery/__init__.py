@@ -19,9 +19,20 @@ from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
 __version__ = "0.1.0"
 
 
-def plan(model: nn.Module, actions: Any, *, seed: int = 0, strict: bool = True, safe: bool = False) -> Plan:
-    """Compile ``actions`` (a name in conf/actions, a YAML path, a dict or DictConfig) for ``model``."""
-    return compile_plan(model, actions, seed=seed, strict=strict, safe=safe)
+def plan(
+    model: nn.Module,
+    actions: Any,
+    *,
+    seed: int = 0,
+    strict: bool = True,
+    safe: bool = False,
+    example_inputs: tuple[Any, ...] | None = None,
+) -> Plan:
+    """Compile ``actions`` (a name in conf/actions, a YAML path, a dict or DictConfig) for ``model``.
+
+    ``example_inputs`` (a tuple of positional inputs) lets shapes be checked before applying.
+    """
+    return compile_plan(model, actions, seed=seed, strict=strict, safe=safe, example_inputs=example_inputs)
 
 
 def apply(model: nn.Module, plan_or_actions: Any, **plan_options: Any) -> Surgery:

@@ -94,8 +94,20 @@ def _shown(target: Target) -> str:
     return target.name if real == target.name else f"{target.name} [{real}]"
 
 
-def compile_plan(model: nn.Module, actions: Any, *, seed: int = 0, strict: bool = True, safe: bool = False) -> Plan:
-    """Validate every action against its schema and the model; bind each to what it matched."""
+def compile_plan(
+    model: nn.Module,
+    actions: Any,
+    *,
+    seed: int = 0,
+    strict: bool = True,
+    safe: bool = False,
+    example_inputs: tuple[Any, ...] | None = None,
+) -> Plan:
+    """Validate every action against its schema and the model; bind each to what it matched.
+
+    With ``example_inputs`` the model runs once (hooks removed again) so that shapes an
+    action needs, such as a patch's, are checked before anything is applied.
+    """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     targets = module_targets(model)
@@ -114,8 +126,35 @@ def compile_plan(model: nn.Module, actions: Any, *, seed: int = 0, strict: bool 
         if not cfg.enabled:
             plan.steps.append(Step(str(name), kind.name, kind.mechanism, cfg, matched, _skip, enabled=False))
             continue
-        plan.steps.append(kind.bind(cfg, matched, ctx))
+        step = kind.bind(cfg, matched, ctx)
+        plan.steps.append(step)
+        if step.replaced:
+            targets = _with_replacements(targets, step.replaced)
+    if example_inputs is not None:
+        from surgery.probe import check_shapes
+
+        check_shapes(plan.model, plan.steps, example_inputs)
     return plan
+
+
+def _with_replacements(targets: list[Target], replaced: list[Target]) -> list[Target]:
+    """The module list after a replace_module step: each replaced subtree swapped for the new one."""
+    by_name = {t.name: t for t in replaced}
+    out: list[Target] = []
+    skip: str | None = None
+    for target in targets:
+        if skip is not None and target.name.startswith(skip):
+            continue
+        skip = None
+        new = by_name.get(target.name)
+        if new is None:
+            out.append(target)
+            continue
+        skip = target.name + "."
+        for sub_name, sub in new.module.named_modules():
+            suffix = f".{sub_name}" if sub_name else ""
+            out.append(Target(new.name + suffix, new.real_name + suffix, sub))
+    return out
 
 
 def _skip(ledger: Any) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any
 
+import torch
 from torch import nn
 
 from surgery.compiler import Plan, compile_plan
@@ -37,6 +40,15 @@ class Surgery:
         """Hooks registered per action (while active)."""
         return dict(self._ledger.hook_count)
 
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load a checkpoint into the surgered model through its ``on_load`` hooks; ``remove()`` undoes it."""
+        if not self.active:
+            raise ActionError("load_state_dict: this surgery was removed; apply it again first")
+        tensors = self.model.state_dict(keep_vars=True)
+        old = {k: t.detach().clone() for k, t in tensors.items()}
+        self._ledger.add_undo(partial(_copy_back, tensors, old))
+        return self.model.load_state_dict(state, strict=strict)
+
     def remove(self) -> None:
         """Remove every hook, delete added tensors, restore changed ones; safe to call twice."""
         if not self.active:
@@ -55,6 +67,12 @@ class Surgery:
     def __repr__(self) -> str:
         state = "active" if self.active else "removed"
         return f"<Surgery {state}: {', '.join(s.name for s in self.plan.steps)}>"
+
+
+def _copy_back(tensors: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for key, tensor in tensors.items():
+            tensor.copy_(old[key])
 
 
 def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surgery:

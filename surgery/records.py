@@ -15,6 +15,7 @@ class Call:
     """One forward or backward call as seen by a hook; fields not captured stay None."""
 
     input: tuple[Any, ...] | None = None
+    kwargs: dict[str, Any] | None = None
     output: Any = None
     grad_input: tuple[torch.Tensor | None, ...] | None = None
     grad_output: tuple[torch.Tensor | None, ...] | None = None
@@ -37,6 +38,11 @@ class Record:
     def input(self) -> tuple[Any, ...] | None:
         """Positional inputs of the last call."""
         return self._last().input
+
+    @property
+    def kwargs(self) -> dict[str, Any] | None:
+        """Keyword inputs of the last call (captured with ``what: input``)."""
+        return self._last().kwargs
 
     @property
     def output(self) -> Any:

@@ -87,19 +87,24 @@ def first_tensor(value: Any) -> Any:
 
 
 def flatten_captures(captures: dict[str, dict[str, Record]]) -> dict[str, torch.Tensor]:
-    """Captures as ``ACTION/MODULE/WHAT[/CALL]`` → tensor; tuple elements are ``WHAT.i``."""
+    """Captures as ``ACTION/MODULE/WHAT[/CALL]`` → tensor; tuple elements are ``WHAT.i``, keywords ``input.NAME``.
+
+    A dict output (e.g. a ``ModelOutput``) gives ``output.KEY``.
+    """
     flat: dict[str, torch.Tensor] = {}
     for action, records in captures.items():
         for key, record in records.items():
             several = len(record.calls) > 1
             for i, call in enumerate(record.calls):
                 suffix = f"/{i}" if several else ""
-                for what in ("input", "output", "grad_input", "grad_output", "grad"):
+                for what in ("input", "kwargs", "output", "grad_input", "grad_output", "grad"):
                     value = getattr(call, what)
+                    what = "input" if what == "kwargs" else what
                     if isinstance(value, torch.Tensor):
                         flat[f"{action}/{key}/{what}{suffix}"] = value
-                    elif isinstance(value, (tuple, list)):
-                        for j, v in enumerate(value):
+                    elif isinstance(value, (tuple, list, dict)):
+                        items = value.items() if isinstance(value, dict) else enumerate(value)
+                        for j, v in items:
                             if isinstance(v, torch.Tensor):
                                 flat[f"{action}/{key}/{what}.{j}{suffix}"] = v
     return flat

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +12,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.compiler import compile_plan
+from surgery.callables import check_targets
+from surgery.compiler import compile_plan, load_actions
 from surgery.engine import apply_plan, hooks_on
 from surgery.errors import ConfigError
 from surgery.inputs import loss_of, make_inputs
-from surgery.io import load_checkpoint, write_json, write_tensors
+from surgery.io import load_checkpoint, read_tensors, write_json, write_tensors
 from surgery.report import difference, environment, fingerprint, first_tensor, flatten_captures, stats
 from surgery.schema import RunSettings, validate
 
 MODEL_EXTRAS = ("checkpoint", "input")
-SAFE_TARGET_PREFIXES = ("torch.", "surgery.")
 
 
 def settings_of(cfg: DictConfig) -> RunSettings:
@@ -47,8 +48,8 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def build_model(model_cfg: Any, settings: RunSettings, device: torch.device) -> nn.Module:
-    """Instantiate the model config's ``_target_``, load its checkpoint, move it, eval mode."""
+def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, load: bool = True) -> nn.Module:
+    """Instantiate the model config's ``_target_``, load its checkpoint (unless ``load=False``), move it, eval."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
@@ -56,8 +57,7 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device) -> 
     if not isinstance(node, dict) or "_target_" not in node:
         raise ConfigError("model: needs a _target_ (the class to build), e.g. +model=cnn")
     target = str(node["_target_"])
-    if settings.safe and not target.startswith(SAFE_TARGET_PREFIXES):
-        raise ConfigError(f"model._target_: {target!r} is outside torch and surgery, refused because safe=true")
+    check_targets(node, "model", settings.safe)
     checkpoint = node.get("checkpoint")
     build = {k: v for k, v in node.items() if k not in MODEL_EXTRAS}
     try:
@@ -66,7 +66,7 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device) -> 
         raise ConfigError(f"model: cannot build {target!r}: {str(e).splitlines()[0]}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
-    if checkpoint:
+    if checkpoint and load:
         load_checkpoint(model, checkpoint)
     model = model.to(device=device, dtype=getattr(torch, settings.dtype))
     return model.eval()
@@ -103,7 +103,12 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     clock = time.perf_counter()
     seed_everything(settings.seed)
     device = resolve_device(settings.device)
-    model = build_model(cfg.model, settings, device)
+    actions = load_actions(cfg.get("actions"))
+    # with on_load actions the checkpoint is loaded after applying, through their hooks
+    load_late = bool(cfg.model.get("checkpoint")) and any(
+        isinstance(a, Mapping) and a.get("kind") == "on_load" and a.get("enabled", True) for a in actions.values()
+    )
+    model = build_model(cfg.model, settings, device, load=not load_late)
     if settings.mode == "modules":
         print(module_table(model))
         return {}
@@ -112,7 +117,9 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     timings["build_s"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    plan = compile_plan(model, cfg.get("actions"), seed=settings.seed, strict=settings.strict, safe=settings.safe)
+    plan = compile_plan(
+        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=inputs
+    )
     timings["plan_s"] = time.perf_counter() - clock
     print(plan)
     report: dict[str, Any] = {"mode": settings.mode, "seed": settings.seed, "plan": plan.to_dict()}
@@ -133,6 +140,8 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     surgery = apply_plan(model, plan)
     timings["apply_s"] = time.perf_counter() - clock
     try:
+        if load_late:
+            surgery.load_state_dict(read_tensors(Path(str(cfg.model.checkpoint)), "model.checkpoint"))
         modules_after, params_after = _counts(model)
         state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
         saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else {}

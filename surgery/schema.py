@@ -9,6 +9,7 @@ turns every problem into one ``ConfigError`` that names ``WHERE.KEY``.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,22 +175,43 @@ FORWARD_FNS = ("identity", "zero", "linear")
 class ReplaceForwardAction(Action):
     """replace_forward: the module's output becomes ``expr`` or a built-in ``fn``."""
 
-    fn: str | None = None  # identity | zero | linear
+    fn: Any = None  # identity | zero | linear | pkg.module:function | a _target_ node: fn(module, inputs, output)
     expr: str | None = None  # e.g. "x * module.W + module.b"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if (self.fn is None) == (self.expr is None):
-            raise FieldError("fn", "give exactly one of fn (identity, zero, linear) or expr")
-        if self.fn is not None:
+            raise FieldError("fn", "give exactly one of fn (identity, zero, linear, pkg.module:function) or expr")
+        if isinstance(self.fn, str) and ":" not in self.fn:
             one_of("fn", self.fn, FORWARD_FNS)
 
 
-TENSOR_OPS = ("add", "mul", "set", "zero", "clamp", "noise", "mean_ablate", "expr")
+@dataclass
+class ReplaceModuleAction(Action):
+    """replace_module: swap each selected module for a new one built from ``with``."""
+
+    with_: Any = MISSING  # a _target_ node, e.g. {_target_: torch.nn.GELU}; one instance per module
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (isinstance(self.with_, dict) and "_target_" in self.with_):
+            raise FieldError("with", f"needs a _target_ node such as {{_target_: torch.nn.GELU}}, got {self.with_!r}")
+
+
+@dataclass
+class OnLoadAction(Action):
+    """on_load: load_state_dict pre/post hooks on the selected module (the root by default)."""
+
+    select: Any = "<root>"  # the module whose load_state_dict keys are rewritten
+    rename: dict[str, str] = field(default_factory=dict)  # checkpoint key glob -> new name, wildcards kept in order
+    ignore_added: bool = True  # tensors added by this plan are not reported missing
+
+
+TENSOR_OPS = ("add", "mul", "set", "zero", "clamp", "noise", "mean_ablate", "expr", "fn", "patch")
 GRAD_OPS = TENSOR_OPS + ("clip_norm", "clip_value")
 OP_NEEDS = {
     "add": ("value",), "mul": ("value",), "set": ("value",), "noise": ("std",),
-    "expr": ("expr",), "clip_norm": ("max_norm",), "clip_value": ("value",),
+    "expr": ("expr",), "clip_norm": ("max_norm",), "clip_value": ("value",), "fn": ("fn",), "patch": ("from_",),
 }  # fmt: skip
 
 
@@ -205,6 +227,8 @@ class OpArgs:
     dim: Any = 0  # mean_ablate: dim or list of dims to average over
     max_norm: float | None = None  # clip_norm
     expr: str | None = None  # expr: the new value; the tensor is named output, x or grad
+    fn: Any = None  # fn: pkg.module:function or a _target_ node, called fn(tensor) -> tensor
+    from_: Any = None  # patch: {file: captures.safetensors of an earlier run, key: ACTION/MODULE/WHAT}
     index: str | None = None  # subscript such as "[:, 3:5]": only that slice changes
 
     def check_op(self, ops: tuple[str, ...]) -> None:
@@ -212,7 +236,11 @@ class OpArgs:
         one_of("op", self.op, ops)
         for key in OP_NEEDS.get(self.op, ()):
             if getattr(self, key) is None:
-                raise FieldError(key, f"op {self.op!r} needs {key}")
+                raise FieldError(yaml_key(key), f"op {self.op!r} needs {yaml_key(key)}")
+        if self.op == "patch":
+            source = self.from_
+            if not (isinstance(source, dict) and set(source) == {"file", "key"}):
+                raise FieldError("from", f"needs {{file: PATH, key: ACTION/MODULE/WHAT}}, got {source!r}")
         if self.op == "clamp" and self.min is None and self.max is None:
             raise FieldError("min", "op 'clamp' needs min, max or both")
 
@@ -276,6 +304,16 @@ class LogAction(Action):
 # ---------------------------------------------------------------- validation
 
 
+def yaml_key(name: str) -> str:
+    """The config key of a field: ``with_`` is written ``with`` (Python keywords need the ``_``)."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
+
+
+def field_name(key: str) -> str:
+    """The field of a config key: ``with`` → ``with_``."""
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
 def _at(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
@@ -283,13 +321,13 @@ def _at(where: str, key: str) -> str:
 def check_keys(schema: type, node: dict, where: str) -> None:
     """Refuse keys the schema does not have, with a did-you-mean; recurse into nested schemas."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
+    keys = sorted(yaml_key(f) for f in fields)
     for key, value in node.items():
-        if key not in fields:
+        if field_name(str(key)) not in fields:
             raise ConfigError(
-                f"{_at(where, key)}: unknown key.{did_you_mean(str(key), fields)}"
-                f" Keys here: {', '.join(sorted(fields))}."
+                f"{_at(where, key)}: unknown key.{did_you_mean(str(key), keys)} Keys here: {', '.join(keys)}."
             )
-        nested = fields[key].default_factory
+        nested = fields[field_name(str(key))].default_factory
         if isinstance(value, dict) and nested is not dataclasses.MISSING:
             sample = nested()
             if dataclasses.is_dataclass(sample):
@@ -303,15 +341,16 @@ def validate(schema: type, node: Any, where: str) -> Any:
     if not isinstance(node, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(node).__name__} {node!r}")
     check_keys(schema, node, where)
+    node = {field_name(str(k)): v for k, v in node.items()}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
-            raise ConfigError(f"{_at(where, missing[0])}: a value is required here (it is ???)")
+            raise ConfigError(f"{_at(where, yaml_key(missing[0]))}: a value is required here (it is ???)")
         return OmegaConf.to_object(merged)
     except FieldError as e:
         raise ConfigError(f"{_at(where, e.key)}: {e}") from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         reason = str(e).splitlines()[0]
-        raise ConfigError(f"{_at(where, str(key))}: {reason}") from None
+        raise ConfigError(f"{_at(where, yaml_key(str(key)))}: {reason}") from None

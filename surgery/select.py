@@ -98,17 +98,17 @@ def module_targets(model: nn.Module) -> list[Target]:
     return [Target(name, real, module) for name, (real, module) in found.items()]
 
 
-def _segment_regex(segment: str, pattern: str, where: str) -> str:
-    """Translate one dotted segment of a glob (no ``**``) into a regex."""
+def _segment_regex(segment: str, pattern: str, where: str, capture: bool = False) -> str:
+    """Translate one dotted segment of a glob (no ``**``) into a regex; ``capture`` groups wildcards."""
     out: list[str] = []
     i, n = 0, len(segment)
     while i < n:
         c = segment[i]
         i += 1
         if c == "*":
-            out.append("[^.]*")
+            out.append("([^.]*)" if capture else "[^.]*")
         elif c == "?":
-            out.append("[^.]")
+            out.append("([^.])" if capture else "[^.]")
         elif c == "[":
             j = i + 1 if i < n and segment[i] == "!" else i
             j = j + 1 if j < n and segment[j] == "]" else j  # a leading ']' is literal
@@ -117,14 +117,15 @@ def _segment_regex(segment: str, pattern: str, where: str) -> str:
                 raise ConfigError(f"{where}: unclosed '[' in glob {pattern!r}")
             negate = segment[i] == "!"
             body = "".join(ch if ch == "-" else re.escape(ch) for ch in segment[i + negate : end])
-            out.append(f"[^.{body}]" if negate else f"[{body}]")
+            cls = f"[^.{body}]" if negate else f"[{body}]"
+            out.append(f"({cls})" if capture else cls)
             i = end + 1
         else:
             out.append(re.escape(c))
     return "".join(out)
 
 
-def _glob_regex_source(pattern: str, where: str) -> str:
+def _glob_regex_source(pattern: str, where: str, capture: bool = False) -> str:
     """Translate one glob into regex source that must match a whole non-root name."""
     segments: list[str] = []
     for seg in pattern.split("."):
@@ -137,17 +138,63 @@ def _glob_regex_source(pattern: str, where: str) -> str:
         if not (seg == "**" and segments and segments[-1] == "**"):  # '**.**' is '**'
             segments.append(seg)
     if segments == ["**"]:
-        return ".+"
+        return "(.+)" if capture else ".+"
     out: list[str] = []
     for i, seg in enumerate(segments):
         if seg == "**":  # zero or more whole segments, with the dots around them
             first, last = i == 0, i == len(segments) - 1
-            out.append(_DOUBLE_STAR[first, last])
+            out.append(f"({_DOUBLE_STAR[first, last]})" if capture else _DOUBLE_STAR[first, last])
         else:
             if i > 0 and segments[i - 1] != "**":
                 out.append(r"\.")
-            out.append(_segment_regex(seg, pattern, where))
+            out.append(_segment_regex(seg, pattern, where, capture))
     return "".join(out)
+
+
+def _wildcards(pattern: str) -> list[str]:
+    """The wildcards of a glob in order; ``**`` tagged by where it stands (its dots differ)."""
+    segments = pattern.split(".")
+    found: list[str] = []
+    for i, seg in enumerate(segments):
+        if seg == "**":
+            found.append(
+                "**" + ("" if len(segments) == 1 else "<" if i == 0 else ">" if i == len(segments) - 1 else "=")
+            )
+        else:
+            found.extend("*" for _ in _GLOB_CHARS.findall(seg))
+    return found
+
+
+def glob_rename(old: str, new: str, where: str) -> Callable[[str], str | None]:
+    """``rename(name)``: ``new`` with ``old``'s wildcards filled in order, or None when ``old`` does not match.
+
+    ``blocks.*.attn`` → ``layers.*.attention`` renames ``blocks.3.attn`` to ``layers.3.attention``;
+    ``module.**`` → ``**`` drops a prefix. Both sides need the same wildcards in the same order.
+    """
+    old_kinds, new_tags = [w[:2] for w in _wildcards(old)], _wildcards(new)
+    if old_kinds != [w[:2] for w in new_tags]:
+        raise ConfigError(
+            f"{where}: {old!r} -> {new!r}: the new name needs the same wildcards in the same order"
+            f" ({' '.join(old_kinds) or 'none'} vs {' '.join(w[:2] for w in new_tags) or 'none'})"
+        )
+    regex = re.compile(_glob_regex_source(old, where, capture=True))
+    parts = re.split(r"(\*\*|\[[^\]]*\]|\*|\?)", new)  # literals at even positions, wildcards at odd
+
+    def rename(name: str) -> str | None:
+        match = regex.fullmatch(name)
+        if match is None:
+            return None
+        out = list(parts)
+        for k, (captured, tag) in enumerate(zip(match.groups(), new_tags)):
+            at = 2 * k + 1
+            out[at] = captured.strip(".") if tag.startswith("**") else captured
+            if tag in ("**<", "**=") and not out[at]:  # zero segments: drop the dot after it
+                out[at + 1] = out[at + 1][1:]
+            elif tag == "**>" and not out[at]:  # ... or the dot before it
+                out[at - 1] = out[at - 1][:-1]
+        return "".join(out)
+
+    return rename
 
 
 def _glob_regex(patterns: str | Sequence[str], where: str) -> re.Pattern[str]:

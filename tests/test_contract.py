@@ -26,6 +26,8 @@ CASES = {
     "modify_grad": {"kind": "modify_grad", "select": "pool", "op": "clip_value", "value": 0.01},
     "modify_grad/param": {"kind": "modify_grad", "type": "Linear", "param": "*", "op": "clip_norm", "max_norm": 0.1},
     "log": {"kind": "log", "type": ["Conv2d", "Linear"]},
+    "replace_module": {"kind": "replace_module", "type": "ReLU", "with": {"_target_": "torch.nn.GELU"}},
+    "on_load": {"kind": "on_load", "rename": {"old_fc.*": "fc.*"}},
 }  # fmt: skip
 
 

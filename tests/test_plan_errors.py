@@ -60,7 +60,7 @@ BAD = [
      ["actions.a.op", "'clip_norm' is not one of"]),
     ({"kind": "modify_output", "select": "fc", "op": "zero", "index": "[x]"}, ConfigError, ["actions.a.index"]),
     ({"kind": "modify_input", "select": "fc", "op": "zero", "item": "hidden"}, ConfigError,
-     ["actions.a.item", "picked by an int"]),
+     ["actions.a.item", "Linear.forward of 'fc' has no input 'hidden'; its inputs: input"]),
     ({"kind": "modify_grad", "select": "fc", "param": "weight", "item": 0, "op": "zero"}, ConfigError,
      ["actions.a.item", "drop item"]),
     ({"kind": "freeze", "select": "act", "param": "weight"}, NoMatchError,

@@ -54,6 +54,18 @@ class BindContext:
         return f"actions.{self.name}"
 
 
+@dataclass(frozen=True)
+class ShapeCheck:
+    """A shape an action needs at one module's input or output, checked by a probe forward."""
+
+    where: str  # config path for the message, e.g. actions.p.from
+    what: str  # "input" or "output"
+    item: Any  # position or key within the input/output
+    index: tuple | None  # the slice the action writes
+    shape: tuple[int, ...]
+    source: str  # what provides the shape, for the message
+
+
 @dataclass
 class Step:
     """One action bound to what it matched; ``apply(ledger)`` performs it."""
@@ -66,6 +78,8 @@ class Step:
     apply: Callable[[Ledger], None]
     tensors: list[str] = field(default_factory=list)  # full names, for parameter-level kinds
     enabled: bool = True
+    shape_checks: list[tuple[Target, ShapeCheck]] = field(default_factory=list)
+    replaced: list[Target] = field(default_factory=list)  # modules a replace_module step puts in
 
 
 class Kind:

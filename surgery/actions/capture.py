@@ -16,7 +16,10 @@ from surgery.select import Target
 
 @KINDS.register("capture")
 class Capture(Kind):
-    """Record ``what`` (input, output) of every call into ``captures[ACTION][MODULE]``."""
+    """Record ``what`` (input, output) of every call into ``captures[ACTION][MODULE]``.
+
+    ``input`` records the positional inputs as ``.input`` and keyword inputs as ``.kwargs``.
+    """
 
     name = "capture"
     schema = CaptureAction
@@ -31,15 +34,18 @@ class Capture(Kind):
             for target in ledger.each(action, targets, lambda t: t.name):
                 calls = ledger.record(action, target.name).calls
 
-                def hook(m: nn.Module, args: tuple[Any, ...], output: Any, calls: list[Call] = calls) -> None:
+                def hook(
+                    m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, calls: list[Call] = calls
+                ) -> None:
                     calls.append(
                         Call(
                             input=detached(args) if want_input else None,
+                            kwargs=detached(kwargs) if want_input and kwargs else None,
                             output=detached(output) if want_output else None,
                         )
                     )
 
-                ledger.add_handle(target.module.register_forward_hook(hook))
+                ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +17,15 @@ from surgery.actions.base import (
     KINDS,
     BindContext,
     Kind,
+    ShapeCheck,
     Step,
     hook_failed,
     tensor_named,
 )
-from surgery.actions.ops import make_op
+from surgery.actions.ops import make_op, patch_shape
+from surgery.callables import resolve_callable
 from surgery.errors import ConfigError
-from surgery.expr import compile_expr
+from surgery.expr import compile_expr, compile_index
 from surgery.ledger import Ledger
 from surgery.schema import ModifyAction, ReplaceForwardAction
 from surgery.select import Target
@@ -40,7 +43,7 @@ def _own_tensor(module: nn.Module, names: tuple[str, ...], ctx: BindContext) -> 
     return None
 
 
-def _linear(module: nn.Module, weight: str, bias: str | None) -> Compute:
+def _linear(weight: str, bias: str | None) -> Compute:
     """x @ W.T + b for a matrix W; x * W + b for a scalar-like W (the seeds' Functions)."""
 
     def compute(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
@@ -54,9 +57,33 @@ def _linear(module: nn.Module, weight: str, bias: str | None) -> Compute:
     return compute
 
 
+def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> list[tuple[Target, Compute]]:
+    """One compute function per selected module, all checked now."""
+    if cfg.expr is not None:
+        expr = compile_expr(cfg.expr, f"{ctx.where}.expr", names=("x", "inputs", "output", "module"))
+        return [(t, lambda m, args, out: expr(x=args[0], inputs=args, output=out, module=m)) for t in targets]
+    if cfg.fn == "identity":
+        return [(t, lambda m, args, out: args[0]) for t in targets]
+    if cfg.fn == "zero":
+        return [(t, lambda m, args, out: torch.zeros_like(out)) for t in targets]
+    if cfg.fn != "linear":
+        fn = resolve_callable(cfg.fn, f"{ctx.where}.fn", ctx.safe)
+        return [(t, fn) for t in targets]
+    computes = []
+    for target in targets:
+        weight = _own_tensor(target.module, ("weight", "W"), ctx)
+        if weight is None:
+            raise ConfigError(
+                f"{ctx.where}.fn: 'linear' needs a weight (parameter 'weight' or 'W') on module"
+                f" {target.name!r} ({type(target.module).__name__}); use expr instead"
+            )
+        computes.append((target, _linear(weight, _own_tensor(target.module, ("bias", "b"), ctx))))
+    return computes
+
+
 @KINDS.register("replace_forward")
 class ReplaceForward(Kind):
-    """The module's output becomes ``fn`` (identity, zero, linear) or ``expr`` of its inputs.
+    """The module's output becomes ``fn`` (identity, zero, linear, a callable) or ``expr`` of its inputs.
 
     The original forward still runs (hooks cannot skip it) and its output is discarded.
     For modules with ``inplace=True`` a pre-hook hands forward a copy of the inputs, so the
@@ -69,26 +96,7 @@ class ReplaceForward(Kind):
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Build one compute function per module; check ``linear`` finds a weight."""
-        computes: list[tuple[Target, Compute]] = []
-        if cfg.expr is not None:
-            expr = compile_expr(cfg.expr, f"{ctx.where}.expr", names=("x", "inputs", "output", "module"))
-            compute: Compute = lambda m, args, out: expr(x=args[0], inputs=args, output=out, module=m)  # noqa: E731
-            computes = [(t, compute) for t in targets]
-        elif cfg.fn == "identity":
-            computes = [(t, lambda m, args, out: args[0]) for t in targets]
-        elif cfg.fn == "zero":
-            computes = [(t, lambda m, args, out: torch.zeros_like(out)) for t in targets]
-        else:
-            for target in targets:
-                weight = _own_tensor(target.module, ("weight", "W"), ctx)
-                if weight is None:
-                    raise ConfigError(
-                        f"{ctx.where}.fn: 'linear' needs a weight (parameter 'weight' or 'W') on module"
-                        f" {target.name!r} ({type(target.module).__name__}); use expr instead"
-                    )
-                computes.append(
-                    (target, _linear(target.module, weight, _own_tensor(target.module, ("bias", "b"), ctx)))
-                )
+        computes = _computes(cfg, targets, ctx)
         action = ctx.name
 
         def apply(ledger: Ledger) -> None:
@@ -126,9 +134,13 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute) -> 
     ledger.add_handle(module.register_forward_hook(replace))
 
 
-def _check_item(cfg: Any, where: str) -> None:
-    if not isinstance(cfg.item, (int, str)) or isinstance(cfg.item, bool):
-        raise ConfigError(f"{where}.item: must be an int position or a str key, got {cfg.item!r}")
+def _shape_checks(cfg: Any, targets: list[Target], where: str, what: str) -> list[tuple[Target, ShapeCheck]]:
+    shape = patch_shape(cfg, where)
+    if shape is None:
+        return []
+    index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
+    check = ShapeCheck(f"{where}.from", what, cfg.item, index, shape, repr(cfg.from_["key"]))
+    return [(t, check) for t in targets]
 
 
 @KINDS.register("modify_output")
@@ -141,12 +153,13 @@ class ModifyOutput(Kind):
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check the op (an ``expr`` sees the tensor as ``output``) and the item."""
-        _check_item(cfg, ctx.where)
-        make_op(cfg, ctx.where, ctx.seed, ctx.name, "output")
-        action, seed, item = ctx.name, ctx.seed, cfg.item
+        if not isinstance(cfg.item, (int, str)) or isinstance(cfg.item, bool):
+            raise ConfigError(f"{ctx.where}.item: must be an int position or a str key, got {cfg.item!r}")
+        build = make_op(cfg, ctx.where, ctx.seed, ctx.name, "output", ctx.safe)
+        action, item = ctx.name, cfg.item
 
         def apply(ledger: Ledger) -> None:
-            op = make_op(cfg, f"actions.{action}", seed, action, "output")
+            op = build()
             for target in ledger.each(action, targets, lambda t: t.name):
                 name = target.name
 
@@ -158,37 +171,72 @@ class ModifyOutput(Kind):
 
                 ledger.add_handle(target.module.register_forward_hook(hook))
 
-        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+        checks = _shape_checks(cfg, targets, ctx.where, "output")
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)
+
+
+def input_position(target: Target, name: str, where: str) -> int | None:
+    """Where input ``name`` sits among the positional inputs of ``forward`` (None: keyword only).
+
+    A name ``forward`` does not take (and no ``**kwargs`` to take it) is a ConfigError.
+    """
+    try:
+        params = list(inspect.signature(target.module.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: trust the config
+        return None
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if name not in names and not any(p.kind == p.VAR_KEYWORD for p in params):
+        raise ConfigError(
+            f"{where}.item: {type(target.module).__name__}.forward of {target.name!r} has no input {name!r};"
+            f" its inputs: {', '.join(names) or 'none'}"
+        )
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return positional.index(name) if name in positional else None
 
 
 @KINDS.register("modify_input")
 class ModifyInput(Kind):
-    """An op on positional input ``item`` (default 0) before forward sees it."""
+    """An op on input ``item`` before forward sees it: a position, or a keyword argument's name."""
 
     name = "modify_input"
     schema = ModifyAction
     mechanism = FORWARD_PRE_HOOK
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
-        """Check the op (an ``expr`` sees the tensor as ``x``) and that item is a position."""
-        if not isinstance(cfg.item, int) or isinstance(cfg.item, bool):
-            raise ConfigError(f"{ctx.where}.item: positional inputs are picked by an int, got {cfg.item!r}")
-        make_op(cfg, ctx.where, ctx.seed, ctx.name, "x")
-        action, seed, item = ctx.name, ctx.seed, cfg.item
+        """Check the op (an ``expr`` sees the tensor as ``x``); map a named item to its position."""
+        item = cfg.item
+        if not isinstance(item, (int, str)) or isinstance(item, bool):
+            raise ConfigError(f"{ctx.where}.item: an input is picked by position or argument name, got {item!r}")
+        build = make_op(cfg, ctx.where, ctx.seed, ctx.name, "x", ctx.safe)
+        positions: dict[int, int | None] = {}
+        if isinstance(item, str):
+            for target in targets:
+                positions[id(target.module)] = input_position(target, item, ctx.where)
+        action = ctx.name
 
         def apply(ledger: Ledger) -> None:
-            op = make_op(cfg, f"actions.{action}", seed, action, "x")
+            op = build()
             for target in ledger.each(action, targets, lambda t: t.name):
-                name = target.name
+                hook = _input_hook(op, action, target.name, item, positions.get(id(target.module)))
+                ledger.add_handle(target.module.register_forward_pre_hook(hook, with_kwargs=True))
 
-                def pre_hook(m: nn.Module, args: tuple[Any, ...], name: str = name) -> tuple[Any, ...]:
-                    try:
-                        if item >= len(args):
-                            raise IndexError(f"the module got {len(args)} positional input(s); item {item} is not one")
-                        return replace_item(args, item, op(get_item(args, item), m))
-                    except Exception as e:
-                        raise hook_failed(action, name, e) from e
+        checks = _shape_checks(cfg, targets, ctx.where, "input")
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)
 
-                ledger.add_handle(target.module.register_forward_pre_hook(pre_hook))
 
-        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+def _input_hook(op: Callable, action: str, name: str, item: int | str, position: int | None) -> Callable:
+    """A with_kwargs pre-hook changing positional ``item``, or keyword ``item`` wherever it was passed."""
+
+    def pre_hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        try:
+            if isinstance(item, str) and item in kwargs:
+                return args, {**kwargs, item: op(kwargs[item], m)}
+            at = item if isinstance(item, int) else position
+            if at is None or at >= len(args):
+                got = f"{len(args)} positional input(s) and keywords {sorted(kwargs)}"
+                raise IndexError(f"input {item!r} was not passed; the module got {got}")
+            return replace_item(args, at, op(args[at], m)), kwargs
+        except Exception as e:
+            raise hook_failed(action, name, e) from e
+
+    return pre_hook

@@ -98,15 +98,15 @@ class ModifyGrad(Kind):
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check the op (an ``expr`` sees the gradient as ``grad``); resolve parameters if set."""
-        make_op(cfg, ctx.where, ctx.seed, ctx.name, "grad")
-        action, seed, where = ctx.name, ctx.seed, ctx.where
+        build = make_op(cfg, ctx.where, ctx.seed, ctx.name, "grad", ctx.safe)
+        action, where = ctx.name, ctx.where
         if cfg.param is not None:
             if cfg.item is not None:
                 raise ConfigError(f"{where}.item: a parameter's gradient is one tensor; drop item when param is set")
             found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
 
             def apply_params(ledger: Ledger) -> None:
-                op = make_op(cfg, where, seed, action, "grad")
+                op = build()
 
                 def make_hook(key: str, module: nn.Module) -> Callable:
                     def hook(grad: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ class ModifyGrad(Kind):
         item = cfg.item
 
         def apply(ledger: Ledger) -> None:
-            op = make_op(cfg, where, seed, action, "grad")
+            op = build()
             for target in ledger.each(action, targets, lambda t: t.name):
                 name = target.name
 

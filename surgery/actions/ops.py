@@ -1,70 +1,91 @@
-"""The ops the modify kinds share, built once at plan time into ``tensor -> tensor`` functions."""
+"""The ops the modify kinds share, checked at plan time and built per apply.
+
+``make_op`` validates everything (expressions, callables, patch sources) once and returns a
+factory; each apply calls it for a fresh ``op(tensor, module) -> tensor`` so per-run state
+(the noise generator) starts from the seed again.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from surgery.actions.base import generator_for
+from surgery.callables import resolve_callable
+from surgery.errors import ActionError, ConfigError, did_you_mean
 from surgery.expr import compile_expr, compile_index
 from surgery.schema import OpArgs
 
-TensorFn = Callable[[torch.Tensor], torch.Tensor]
+Op = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-def make_op(cfg: OpArgs, where: str, seed: int, action: str, var: str) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-    """Build ``op(tensor, module) -> tensor``; ``var`` is the name the tensor has in an ``expr``."""
-    fn = _elementwise(cfg, where, seed, action, var)
-    if cfg.index is None:
-        return fn
-    index = compile_index(cfg.index, f"{where}.index")
+def make_op(cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool = False) -> Callable[[], Op]:
+    """Check the op now; return ``build()`` giving ``op(tensor, module)``. ``var`` names the tensor in an expr."""
+    index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
+    build = _elementwise(cfg, where, seed, action, var, safe, index)
+    if index is None:
+        return build
 
-    def sliced(t: torch.Tensor, module: Any) -> torch.Tensor:
-        out = t.clone()
-        out[index] = fn(t[index], module)
-        return out
+    def build_sliced() -> Op:
+        fn = build()
 
-    return sliced
+        def sliced(t: torch.Tensor, module: Any) -> torch.Tensor:
+            out = t.clone()
+            out[index] = fn(t[index], module)
+            return out
+
+        return sliced
+
+    return build_sliced
 
 
 def _elementwise(
-    cfg: OpArgs, where: str, seed: int, action: str, var: str
-) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool, index: tuple | None
+) -> Callable[[], Op]:
     op = cfg.op
     if op == "add":
         value = float(cfg.value)  # type: ignore[arg-type]
-        return lambda t, m: t + value
+        return lambda: lambda t, m: t + value
     if op == "mul":
         value = float(cfg.value)  # type: ignore[arg-type]
-        return lambda t, m: t * value
+        return lambda: lambda t, m: t * value
     if op == "set":
         value = float(cfg.value)  # type: ignore[arg-type]
-        return lambda t, m: torch.full_like(t, value)
+        return lambda: lambda t, m: torch.full_like(t, value)
     if op == "zero":
-        return lambda t, m: torch.zeros_like(t)
+        return lambda: lambda t, m: torch.zeros_like(t)
     if op == "clamp":
         low, high = cfg.min, cfg.max
-        return lambda t, m: t.clamp(low, high)
+        return lambda: lambda t, m: t.clamp(low, high)
     if op == "clip_value":
         bound = abs(float(cfg.value))  # type: ignore[arg-type]
-        return lambda t, m: t.clamp(-bound, bound)
+        return lambda: lambda t, m: t.clamp(-bound, bound)
     if op == "clip_norm":
         max_norm = float(cfg.max_norm)  # type: ignore[arg-type]
-        return lambda t, m: t * (max_norm / (torch.linalg.vector_norm(t) + 1e-6)).clamp(max=1.0)
+        return lambda: lambda t, m: t * (max_norm / (torch.linalg.vector_norm(t) + 1e-6)).clamp(max=1.0)
     if op == "mean_ablate":
         dims = tuple(cfg.dim) if isinstance(cfg.dim, (list, tuple)) else (int(cfg.dim),)
-        return lambda t, m: t.mean(dim=dims, keepdim=True).expand_as(t)
+        return lambda: lambda t, m: t.mean(dim=dims, keepdim=True).expand_as(t)
     if op == "noise":
-        return _noise(float(cfg.std), seed, action)  # type: ignore[arg-type]
+        std = float(cfg.std)  # type: ignore[arg-type]
+        return lambda: _noise(std, seed, action)
     if op == "expr":
         expr = compile_expr(str(cfg.expr), f"{where}.expr", names=(var, "module"))
-        return lambda t, m: expr(**{var: t, "module": m})
+        return lambda: lambda t, m: expr(**{var: t, "module": m})
+    if op == "fn":
+        fn = resolve_callable(cfg.fn, f"{where}.fn", safe)
+        return lambda: lambda t, m: fn(t)
+    if op == "patch":
+        source = load_patch(cfg.from_, f"{where}.from")
+        patch = source[index] if index is not None else source
+        return lambda: _patch(patch, f"{where}.from", cfg.from_["key"])
     raise AssertionError(f"op {op!r} passed validation but has no implementation")
 
 
-def _noise(std: float, seed: int, action: str) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+def _noise(std: float, seed: int, action: str) -> Op:
     """Gaussian noise from the action's own generator, so runs repeat exactly."""
     generators: dict[torch.device, torch.Generator] = {}
 
@@ -75,3 +96,51 @@ def _noise(std: float, seed: int, action: str) -> Callable[[torch.Tensor, Any], 
         return t + std * torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype)
 
     return add_noise
+
+
+def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
+    """The captured tensor ``source['key']`` of ``source['file']`` (a captures.safetensors)."""
+    from safetensors import safe_open
+
+    path = Path(str(source["file"]))
+    if not path.is_file():
+        raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            key = str(source["key"])
+            if key not in keys:
+                raise ConfigError(
+                    f"{where}.key: {key!r} is not in {str(path)!r}.{did_you_mean(key, keys)}"
+                    f" Keys: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
+                )
+            return f.get_tensor(key)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
+        raise ConfigError(f"{where}.file: cannot read {str(path)!r} as safetensors: {e}") from None
+
+
+def _patch(source: torch.Tensor, where: str, key: str) -> Op:
+    """Replace the tensor by the captured one, moved to its device and dtype once."""
+    ready: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def patch(t: torch.Tensor, m: Any) -> torch.Tensor:
+        if t.shape != source.shape:
+            raise ActionError(f"{where}: {key!r} has shape {list(source.shape)}, this tensor is {list(t.shape)}")
+        value = ready.get((t.device, t.dtype))
+        if value is None:
+            value = ready[(t.device, t.dtype)] = source.to(device=t.device, dtype=t.dtype)
+        return value
+
+    return patch
+
+
+def patch_shape(cfg: OpArgs, where: str) -> tuple[int, ...] | None:
+    """The shape a patch op will write (after ``index``), for the plan-time shape check."""
+    if cfg.op != "patch":
+        return None
+    source = load_patch(cfg.from_, f"{where}.from")
+    if cfg.index is not None:
+        source = source[compile_index(cfg.index, f"{where}.index")]
+    return tuple(source.shape)

@@ -1,0 +1,89 @@
+"""``on_load``: load_state_dict pre/post hooks that rename checkpoint keys and forgive added tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from surgery.actions.base import KINDS, STATE_DICT_HOOK, BindContext, Kind, Step, hook_failed
+from surgery.errors import ConfigError
+from surgery.ledger import Ledger
+from surgery.schema import OnLoadAction
+from surgery.select import ROOT, Target, glob_rename
+
+
+def _renamer(rename: dict[str, str], where: str) -> Callable[[str], str]:
+    """One function applying the first matching rule of ``rename`` to a key."""
+    rules = [glob_rename(str(old), str(new), f"{where}.rename.{old}") for old, new in rename.items()]
+
+    def apply(key: str) -> str:
+        for rule in rules:
+            renamed = rule(key)
+            if renamed is not None:
+                return renamed
+        return key
+
+    return apply
+
+
+def _added_names(ctx: BindContext) -> set[str]:
+    """state_dict names (relative to the root) of tensors this plan adds before this action."""
+    names: set[str] = set()
+    for real_name, module in ctx.root.named_modules():
+        for tensor_name in ctx.added.get(id(module), {}):
+            names.add(f"{real_name}.{tensor_name}" if real_name else tensor_name)
+    return names
+
+
+@KINDS.register("on_load")
+class OnLoad(Kind):
+    """Rewrite checkpoint keys by ``rename`` as ``load_state_dict`` reads them (pre-hook), and
+    drop tensors added by this plan from the missing keys (post-hook), so a checkpoint of
+    the original model loads strictly into the surgered one."""
+
+    name = "on_load"
+    schema = OnLoadAction
+    mechanism = STATE_DICT_HOOK
+
+    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
+        """Check every rename rule now; collect the names of tensors added earlier in the plan."""
+        rename = _renamer(cfg.rename, ctx.where)
+        added = _added_names(ctx) if cfg.ignore_added else set()
+        if not cfg.rename and not added:
+            raise ConfigError(
+                f"{ctx.where}.rename: nothing to do: give rename rules, or put on_load after actions that add tensors"
+            )
+        action, root = ctx.name, ctx.root
+
+        def apply(ledger: Ledger) -> None:
+            if cfg.rename:
+                for target in ledger.each(action, targets, lambda t: t.name):
+                    hook = _pre_hook(rename, action, target.name)
+                    ledger.add_handle(target.module.register_load_state_dict_pre_hook(hook))
+            if added:  # names are relative to the root, which is what loads a whole checkpoint
+                ledger.where = ROOT
+                ledger.add_handle(root.register_load_state_dict_post_hook(_post_hook(added)))
+
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+
+
+def _pre_hook(rename: Callable[[str], str], action: str, name: str) -> Callable[..., None]:
+    def pre_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+        try:
+            for key in [k for k in state_dict if k.startswith(prefix)]:
+                new = prefix + rename(key[len(prefix) :])
+                if new != key:
+                    state_dict[new] = state_dict.pop(key)
+        except Exception as e:
+            raise hook_failed(action, name, e) from e
+
+    return pre_hook
+
+
+def _post_hook(added: set[str]) -> Callable[[nn.Module, Any], None]:
+    def post_hook(module: nn.Module, incompatible: Any) -> None:
+        incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in added]
+
+    return post_hook
