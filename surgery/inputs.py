@@ -12,7 +12,7 @@ from surgery.actions.base import generator_for
 from surgery.errors import ConfigError
 from surgery.io import read_input_file
 
-INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab")
+INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab", "seed")
 
 
 def make_inputs(
@@ -24,6 +24,8 @@ def make_inputs(
         raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
     kind = spec.get("kind") or "random"
     shapes = _shapes(spec)
+    if spec.get("seed") is not None:  # a different input for the same model, e.g. for patching
+        seed = int(spec["seed"])
     if kind == "random":
         if not shapes:
             raise ConfigError(

@@ -346,7 +346,8 @@ def validate(schema: type, node: Any, where: str) -> Any:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
-            raise ConfigError(f"{_at(where, yaml_key(missing[0]))}: a value is required here (it is ???)")
+            key = ".".join(yaml_key(part) for part in missing[0].split("."))
+            raise ConfigError(f"{_at(where, key)}: a value is required here (it is ???)")
         return OmegaConf.to_object(merged)
     except FieldError as e:
         raise ConfigError(f"{_at(where, e.key)}: {e}") from None

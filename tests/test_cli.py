@@ -173,3 +173,15 @@ def test_checkpoint_round_trip_and_pickled_object_refused(tmp_path: Path) -> Non
         run_job(
             composed("+model=cnn", "+actions=linearize", f"model.checkpoint={tmp_path / 'evil.pt'}"), tmp_path / "c"
         )
+
+
+def test_activation_patching_across_two_runs(tmp_path: Path) -> None:
+    first = run_job(composed("+model=cnn", "+actions=capture_block3"), tmp_path / "a")
+    captures = tmp_path / "a" / "captures.safetensors"
+    patched = run_job(
+        composed("+model=cnn", "+actions=patch_block3", f"actions.patch_block3.from.file={captures}", "+input.seed=7"),
+        tmp_path / "b",
+    )
+    assert patched["fingerprints"]["input"] != first["fingerprints"]["input"]  # another input ...
+    assert patched["fingerprints"]["output"] == first["fingerprints"]["output"]  # ... yet block3 and so logits are A's
+    assert patched["difference"]["max_abs"] > 0  # and they differ from what B gives unpatched
