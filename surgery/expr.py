@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import sys
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -195,8 +196,27 @@ def _multiply(left: Any, right: Any) -> Any:
     return left * right
 
 
+def _loaded_module(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    """``__import__`` for torch's C code, which re-imports ``torch`` from the calling frame: loaded modules only."""
+    if level or name not in sys.modules:
+        raise ImportError(f"{name!r}: expressions cannot import")
+    return sys.modules[name] if fromlist else sys.modules[name.partition(".")[0]]
+
+
+def _not_the_modules_own(result: torch.Tensor, view: Any) -> torch.Tensor:
+    """A copy when ``result`` shares storage with the module's tensors, so the model cannot write into them."""
+    ptr = result.untyped_storage().data_ptr()
+    if ptr:
+        module = object.__getattribute__(view, "_module")
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            if tensor.untyped_storage().data_ptr() == ptr:
+                return result.clone()
+    return result
+
+
 _GLOBALS: dict[str, Any] = {
-    "__builtins__": {},
+    # Only torch's own lazy imports can reach this: expression text cannot name `_` names.
+    "__builtins__": {"__import__": _loaded_module},
     **FUNCTIONS,
     "_attr": _read_attribute,
     "_method": _find_method,
@@ -388,13 +408,14 @@ class Expr:
     >>> y = scale(x=tensor, module=layer)  # doctest: +SKIP
     """
 
-    __slots__ = ("text", "where", "names_used", "_names", "_code", "_derive_x")
+    __slots__ = ("text", "where", "names_used", "_names", "_code", "_derive_x", "_reads_module")
 
     def __init__(self, text: str, where: str, names: Collection[str], used: frozenset[str], code: Any) -> None:
         self.text, self.where, self._names = text, where, tuple(names)
         self.names_used = used
         self._code = code
         self._derive_x = "x" in used
+        self._reads_module = "module" in used
 
     def __call__(self, **env: Any) -> Any:
         """Evaluate with ``x``, ``inputs``, ``output``, ``grad``, ``module`` as given by the hook."""
@@ -404,7 +425,10 @@ class Expr:
         if self._derive_x and "x" not in env and "inputs" in env:
             env["x"] = env["inputs"][0]
         try:
-            return eval(self._code, _GLOBALS, env)  # checked and rewritten by _Checker
+            result = eval(self._code, _GLOBALS, env)  # checked and rewritten by _Checker
+            if self._reads_module and isinstance(result, torch.Tensor):
+                return _not_the_modules_own(result, env["module"])
+            return result
         except NameError as error:
             raise ActionError(
                 f"{self.where}: '{self.text}' uses {error.name!r}, which this hook does not provide"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +14,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+import surgery
 from surgery.errors import ActionError, ConfigError
 from surgery.expr import (
     FUNCTIONS,
@@ -109,6 +113,23 @@ ACCEPTED = [
     ("x.argmax(dim=-1)", "affine", lambda e: e.x.argmax(dim=-1)),
     ("pow(x, 2) + square(x) + erf(x)", "affine", lambda e: 2 * e.x**2 + torch.erf(e.x)),
     ("not False", "affine", lambda e: True),
+    ("x // 0.5 + x % 0.5", "affine", lambda e: e.x // 0.5 + e.x % 0.5),
+    ("+x - -output", "affine", lambda e: e.x + e.output),
+    ("(x > 0) ^ (output > 0)", "affine", lambda e: (e.x > 0) ^ (e.output > 0)),
+    ("(x, output)[1] * module.scale", "affine", lambda e: e.output * 2),
+    ("[x, output][0].view(-1).numel()", "affine", lambda e: 12),
+    ("x.squeeze().unflatten(1, (2, 2)).flatten(1)", "affine", lambda e: e.x),
+    ("x.narrow(1, 0, 2).roll(1, 0).contiguous()", "affine", lambda e: e.x[:, :2].roll(1, 0)),
+    ("x.split(2, dim=1)[0].float().dim()", "affine", lambda e: 2),
+    ("x.expand_as(output) - mean(x, dim=0, keepdim=True)", "affine", lambda e: e.x - e.x.mean(0, keepdim=True)),
+    (
+        "std(x) + var(x, dim=0).sum() + x.std() * x.var()",
+        "affine",
+        lambda e: e.x.std() + e.x.var(0).sum() + e.x.std() * e.x.var(),
+    ),
+    ("exp(x).log() + sin(x) ** 2 + cos(x) ** 2", "affine", lambda e: e.x + 1),
+    ("matmul(x, module.inner.weight.T) + module.inner.bias", "affine", lambda e: e.module.inner(e.x)),
+    ("x.dtype == output.dtype", "affine", lambda e: True),
 ]
 
 
@@ -201,6 +222,44 @@ REFUSED = [
     ("x = 1", "x = 1"),
     ("x +", "x +"),
     ("", ""),
+    # the classic sandbox escapes and their relatives, written as the brief lists them
+    ("{i for i in x}", "{i for i in x}"),
+    ("exec('1')", "exec('1')"),
+    ("compile('1', '', 'eval')", "compile('1', '', 'eval')"),
+    ("globals()", "globals()"),
+    ("vars()", "vars()"),
+    ("dir()", "dir()"),
+    ("breakpoint()", "breakpoint()"),
+    ("setattr(module, 'W', x)", "setattr(module, 'W', x)"),
+    ("type(x)", "type(x)"),
+    ("__builtins__", "__builtins__"),
+    ("x.__dict__", "x.__dict__"),
+    ("x.__reduce_ex__(2)", "x.__reduce_ex__"),
+    ("x[x.__class__]", "x.__class__"),
+    ("module._modules", "module._modules"),
+    ("module.__class__", "module.__class__"),
+    ("module.inner.__dict__", "module.inner.__dict__"),
+    ("module.register_forward_hook(print)", "module.register_forward_hook(print)"),
+    ("module.apply(relu)", "module.apply(relu)"),
+    ("module.state_dict()", "module.state_dict()"),
+    ("(1).real", "(1).real"),
+    ("inputs.count", "inputs.count"),
+    ("inputs.index(x)", "inputs.index(x)"),
+    ("9**9**9", "9**9**9"),
+    ("2**(2**100)", "2**100"),
+    ("10**100000", "10**100000"),
+    ("(10**10)**(10**10)", "(10**10)**(10**10)"),
+    ("x.storage()", "x.storage()"),
+    ("x.untyped_storage()", "x.untyped_storage()"),
+    ("x.requires_grad_()", "x.requires_grad_()"),
+    ("x.copy_(x)", "x.copy_(x)"),
+    ("x.apply_(print)", "x.apply_(print)"),
+    ("x.tolist()", "x.tolist()"),
+    ("x.backward()", "x.backward()"),
+    ("x.register_hook", "x.register_hook"),
+    ("x.requires_grad", "x.requires_grad"),
+    ("x.max(dim=0, out=x)", "out=x"),
+    ("full_like(x, 1, out=x)", "out=x"),
 ]
 
 
@@ -267,6 +326,15 @@ RUNTIME_REFUSED = [
     ("[x] * 3", "affine", "repeating a tuple or list"),
     ("x @ x", "affine", "cannot be multiplied"),
     ("leaky_relu(module.weight, 0.1, True)", "linear", "positional argument"),
+    ("module.register_forward_hook", "linear", "no readable attribute 'register_forward_hook'"),
+    ("module.apply", "linear", "no readable attribute 'apply'"),
+    ("module.state_dict", "linear", "no readable attribute 'state_dict'"),
+    ("module.inner.forward", "affine", "no readable attribute 'forward'"),
+    ("module.weight.grad", "linear", "tensors have no readable '.grad'"),
+    ("module.weight.requires_grad", "linear", "tensors have no readable '.requires_grad'"),
+    ("module.inner.weight.data", "affine", "tensors have no readable '.data'"),
+    ("x.shape * 3", "affine", "repeating a tuple or list"),
+    ("x.numel() ** 65", "affine", "exponent 65 is larger than 64"),
 ]
 
 
@@ -357,3 +425,21 @@ def test_compile_index_refuses_everything_else(text: str, fragment: str) -> None
         compile_index(text, WHERE)
     assert str(caught.value).startswith(f"{WHERE}: ")
     assert fragment in str(caught.value)
+
+
+def test_float_comparison_works_in_a_fresh_process() -> None:
+    """The first `x > 0.5` of a process runs inside an expression (as in a fresh CLI run) and must still work."""
+    code = "import torch; from surgery.expr import compile_expr; print(compile_expr('x > 0.5', 'e')(x=torch.ones(2)))"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+
+
+def test_expression_value_never_aliases_the_module() -> None:
+    """A later in-place op in the model must not write into a weight the expression returned."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True))
+    before = model[0].weight.detach().clone()
+    action = {"w": {"kind": "replace_forward", "type": "Linear", "expr": "module.weight.detach()"}}
+    with surgery.apply(model, action):
+        model(torch.ones(4, 4))
+    assert torch.equal(model[0].weight, before)
