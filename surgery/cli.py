@@ -69,6 +69,9 @@ def _task(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Entry point of ``python -m surgery`` and the ``surgery`` console script."""
+    if len(sys.argv) == 1:  # no model, no overrides: help without creating a run directory
+        print(usage())
+        return
     try:
         _task()
     except SystemExit as e:

@@ -88,6 +88,9 @@ def loss_of(output: torch.Tensor, loss: str, target: Any) -> torch.Tensor:
         return F.mse_loss(output, torch.zeros_like(output))
     if target is None:
         raise ConfigError(f"loss: {loss!r} needs a class index; set input.target=N")
+    if output.dim() < 2 or not 0 <= int(target) < output.shape[-1]:
+        raise ConfigError(f"input.target: class {target} does not fit an output of shape {list(output.shape)}")
+    output = output.reshape(-1, output.shape[-1])  # [batch, length, vocab] logits: every position
     labels = torch.full((output.shape[0],), int(target), dtype=torch.long, device=output.device)
     if loss == "cross_entropy":
         return F.cross_entropy(output, labels)

@@ -40,7 +40,15 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Atomically write tensors as safetensors (contiguous CPU copies)."""
     from safetensors.torch import save_file
 
-    flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    flat: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for key, value in tensors.items():
+        tensor = value.detach().to("cpu").contiguous()
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in storages:  # safetensors refuses shared memory (block i's output is block i+1's input)
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        flat[key] = tensor
     write_atomic(path, lambda p: save_file(flat, str(p)))
 
 

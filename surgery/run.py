@@ -15,7 +15,7 @@ from torch import nn
 from surgery.callables import check_targets
 from surgery.compiler import compile_plan, load_actions
 from surgery.engine import apply_plan, hooks_on
-from surgery.errors import ConfigError
+from surgery.errors import ConfigError, SurgeryError
 from surgery.inputs import loss_of, make_inputs
 from surgery.io import load_checkpoint, read_tensors, write_json, write_tensors
 from surgery.report import difference, environment, fingerprint, first_tensor, flatten_captures, stats
@@ -63,13 +63,23 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
     try:
         model = instantiate(build)
     except InstantiationException as e:
-        raise ConfigError(f"model: cannot build {target!r}: {str(e).splitlines()[0]}") from None
+        if isinstance(e.__cause__, SurgeryError):  # e.g. a missing optional extra: keep its hint
+            raise e.__cause__ from None
+        raise ConfigError(f"model: cannot build {target!r}: {_reason(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
     if checkpoint and load:
         load_checkpoint(model, checkpoint)
     model = model.to(device=device, dtype=getattr(torch, settings.dtype))
     return model.eval()
+
+
+def _reason(error: Exception) -> str:
+    """The most telling line of a Hydra instantiation error: its cause when there is one."""
+    cause = error.__cause__
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    return str(error).strip().splitlines()[-1]
 
 
 def module_table(model: nn.Module) -> str:

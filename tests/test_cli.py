@@ -86,6 +86,7 @@ def test_no_model_prints_the_options(tmp_path: Path) -> None:
     result = cli(cwd=tmp_path)
     assert result.returncode == 0
     assert "model:" in result.stdout and "cnn" in result.stdout and "linearize" in result.stdout
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_modes_plan_and_modules(tmp_path: Path) -> None:
@@ -119,12 +120,21 @@ def test_every_model_config_builds_and_runs(model: str, tmp_path: Path) -> None:
     )
 
 
-ACTIONS_FOR = {"function_linear": "functions", "add_five": "functions"}
+ACTIONS_FOR = {
+    "function_linear": "functions",
+    "add_five": "functions",
+    "ablate_mlp": "gpt2_tiny",
+    "capture_residual": "gpt2_tiny",
+    "scale_attention": "bert_tiny",
+    "patch_block3": None,  # needs a captures file: tested in test_activation_patching_across_two_runs
+}
 
 
 @pytest.mark.parametrize("actions", group_options("actions"))
 def test_every_actions_config_runs_on_a_model_it_is_meant_for(actions: str, tmp_path: Path) -> None:
     model = ACTIONS_FOR.get(actions, "cnn")
+    if model is None:
+        pytest.skip("covered by its own test")
     report = run_job(composed(f"+model={model}", f"+actions={actions}", "backward=true"), tmp_path)
     assert report["restored"] and all(step["hooks"] or step["mechanism"] == "apply pass" for step in report["plan"])
 
@@ -185,3 +195,20 @@ def test_activation_patching_across_two_runs(tmp_path: Path) -> None:
     assert patched["fingerprints"]["input"] != first["fingerprints"]["input"]  # another input ...
     assert patched["fingerprints"]["output"] == first["fingerprints"]["output"]  # ... yet block3 and so logits are A's
     assert patched["difference"]["max_abs"] > 0  # and they differ from what B gives unpatched
+
+
+def test_sequence_logits_take_class_losses_and_shared_captures_are_written(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    cfg = composed(
+        "+model=gpt2_tiny", "+actions=capture_residual", "+actions.capture_residual.what=[input,output]",
+        "backward=true", "loss=cross_entropy",
+    )  # fmt: skip
+    report = run_job(cfg, tmp_path)
+    assert report["restored"]
+    from safetensors.torch import load_file
+
+    captures = load_file(str(tmp_path / "captures.safetensors"))
+    # block 0's output is block 1's input: the same tensor, written twice
+    assert torch.equal(
+        captures["capture_residual/transformer.h.0/output"], captures["capture_residual/transformer.h.1/input.0"]
+    )
