@@ -127,6 +127,7 @@ ACTIONS_FOR = {
     "capture_residual": "gpt2_tiny",
     "scale_attention": "bert_tiny",
     "patch_block3": None,  # needs a captures file: tested in test_activation_patching_across_two_runs
+    "on_load": None,  # needs earlier actions and a checkpoint: tested in test_saved_surgered_model_reloads_...
 }
 
 
@@ -212,3 +213,35 @@ def test_sequence_logits_take_class_losses_and_shared_captures_are_written(tmp_p
     assert torch.equal(
         captures["capture_residual/transformer.h.0/output"], captures["capture_residual/transformer.h.1/input.0"]
     )
+
+
+def test_saved_surgered_model_reloads_strictly_from_the_cli(tmp_path: Path) -> None:
+    first = run_job(composed("+model=functions", "+actions=function_linear", "save_model=true"), tmp_path / "a")
+    saved = tmp_path / "a" / "model.safetensors"
+    from safetensors.torch import load_file
+
+    assert sorted(k for k in load_file(str(saved)) if k.endswith(".b")) == ["ab.a.b", "ab.b.b", "cd.c.b", "cd.d.b"]
+    again = run_job(
+        composed("+model=functions", "+actions=[function_linear,on_load]", f"model.checkpoint={saved}", "model.w_a=5"),
+        tmp_path / "b",
+    )
+    assert again["fingerprints"]["output"] == first["fingerprints"]["output"]
+    assert again["restored"]
+    with pytest.raises(SurgeryError, match=r"model\.checkpoint: .* does not fit the model \(unexpected keys: ab\.a\.b"):
+        run_job(composed("+model=functions", "+actions=function_linear", f"model.checkpoint={saved}"), tmp_path / "c")
+
+
+@pytest.mark.parametrize("actions", group_options("actions"))
+def test_shipped_recipes_run_no_code_they_name(actions: str) -> None:
+    """Every shipped recipe passes safe=true: no import path, no _target_ outside torch/surgery."""
+    from surgery.callables import check_targets
+    from surgery.compiler import load_actions
+
+    def import_paths(node: object) -> list[str]:
+        if isinstance(node, dict):
+            return [p for value in node.values() for p in import_paths(value)]
+        return [node] if isinstance(node, str) and ":" in node and "/" not in node else []
+
+    for name, node in load_actions(actions).items():
+        check_targets(node, f"actions.{name}", safe=True)
+        assert import_paths(node) == []

@@ -245,3 +245,19 @@ def test_modify_output_item_by_key_keeps_the_container_type() -> None:
         out = model(torch.ones(2))
     assert isinstance(out, OrderedDict) and list(out) == ["last", "doubled"]
     assert torch.equal(out["last"], torch.ones(2)) and torch.equal(out["doubled"], torch.zeros(2))
+
+
+def test_item_by_key_on_a_hugging_face_model_output() -> None:
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+
+    class Head(nn.Module):
+        def forward(self, x: torch.Tensor):
+            return outputs.CausalLMOutput(logits=x * 2, loss=x.sum())
+
+    model = Head()
+    with surgery.apply(model, {"m": {"kind": "modify_output", "select": "<root>", "item": "logits", "op": "add",
+                                      "value": 1}}):  # fmt: skip
+        out = model(torch.ones(2))
+    assert type(out).__name__ == "CausalLMOutput"
+    assert torch.equal(out.logits, torch.full((2,), 3.0)) and torch.equal(out["logits"], out.logits)
+    assert out.loss.item() == 2.0
