@@ -102,11 +102,13 @@ def compile_plan(
     strict: bool = True,
     safe: bool = False,
     example_inputs: tuple[Any, ...] | None = None,
+    batches: int = 1,
 ) -> Plan:
     """Validate every action against its schema and the model; bind each to what it matched.
 
     With ``example_inputs`` the model runs once (hooks removed again) so that shapes an
-    action needs, such as a patch's, are checked before anything is applied.
+    action needs, such as a patch's, and capture sizes against ``max_bytes`` (over
+    ``batches`` batches) are checked before anything is applied.
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -131,9 +133,10 @@ def compile_plan(
         if step.replaced:
             targets = _with_replacements(targets, step.replaced)
     if example_inputs is not None:
-        from surgery.probe import check_shapes
+        from surgery.probe import check_capture_sizes, check_shapes
 
         check_shapes(plan.model, plan.steps, example_inputs)
+        check_capture_sizes(plan.model, plan.steps, example_inputs, batches)
     return plan
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -12,8 +13,10 @@ from torch import nn
 
 from surgery.compiler import Plan, compile_plan
 from surgery.errors import ActionError, ConfigError, SurgeryError
+from surgery.io import write_tensors
 from surgery.ledger import Ledger
 from surgery.records import Record
+from surgery.report import flatten_captures
 
 
 class Surgery:
@@ -29,6 +32,7 @@ class Surgery:
         self.plan = plan
         self._ledger = ledger
         self.active = True
+        self._shards = 0
 
     @property
     def captures(self) -> dict[str, dict[str, Record]]:
@@ -36,9 +40,32 @@ class Surgery:
         return self._ledger.captures
 
     @property
+    def plotted(self) -> set[str]:
+        """Capture actions configured with ``plot: true``."""
+        return set(self._ledger.plotted)
+
+    @property
     def hook_count(self) -> dict[str, int]:
         """Hooks registered per action (while active)."""
         return dict(self._ledger.hook_count)
+
+    def flush(self, directory: Path) -> Path | None:
+        """Write the calls of ``to: disk`` captures to the next shard in ``directory`` and forget them.
+
+        Called after each batch, this bounds capture memory by about one batch. Shards are
+        ``directory/batch-00000.safetensors``, ... with keys ``ACTION/MODULE/WHAT[/CALL]``.
+        """
+        streamed = {a: self._ledger.captures.get(a, {}) for a in self._ledger.streamed}
+        flat = flatten_captures(streamed)
+        for records in streamed.values():
+            for record in records.values():
+                record.calls.clear()
+        if not flat:
+            return None
+        path = Path(directory) / f"batch-{self._shards:05d}.safetensors"
+        self._shards += 1
+        write_tensors(path, flat)
+        return path
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> Any:
         """Load a checkpoint into the surgered model through its ``on_load`` hooks; ``remove()`` undoes it."""

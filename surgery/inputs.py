@@ -12,13 +12,23 @@ from surgery.actions.base import generator_for
 from surgery.errors import ConfigError
 from surgery.io import read_input_file
 
-INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab", "seed")
+INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab", "seed", "batches", "digit")
+
+
+def batch_count(spec: Mapping[str, Any]) -> int:
+    """How many batches the run has (``input.batches``, default 1)."""
+    batches = spec.get("batches") or 1
+    if not isinstance(batches, int) or batches < 1:
+        raise ConfigError(f"input.batches: must be a positive int, got {batches!r}")
+    if batches > 1 and (spec.get("kind") or "random") == "file":
+        raise ConfigError("input.batches: a file input is one batch; drop input.batches or use kind random")
+    return batches
 
 
 def make_inputs(
-    spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device
+    spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device, batch: int = 0
 ) -> tuple[torch.Tensor, ...]:
-    """Positional model inputs described by ``spec`` (kind random, tokens or file)."""
+    """Positional model inputs described by ``spec`` (kind random, tokens, digit or file) for one batch."""
     unknown = sorted(set(spec) - set(INPUT_KEYS))
     if unknown:
         raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
@@ -26,18 +36,19 @@ def make_inputs(
     shapes = _shapes(spec)
     if spec.get("seed") is not None:  # a different input for the same model, e.g. for patching
         seed = int(spec["seed"])
+    stream = "input" if batch == 0 else f"input/{batch}"  # batch 0 is what a one-batch run sees
     if kind == "random":
         if not shapes:
             raise ConfigError(
                 "input.shape: no input shape; give input.shape=[...] or a model config with input defaults"
             )
-        gen = generator_for(seed, "input", torch.device("cpu"))
+        gen = generator_for(seed, stream, torch.device("cpu"))
         return tuple(torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for s in shapes)
     if kind == "tokens":
         vocab = spec.get("vocab")
         if not shapes or not isinstance(vocab, int) or vocab < 1:
             raise ConfigError("input.vocab: token inputs need input.shape=[batch, length] and input.vocab=N (N >= 1)")
-        gen = generator_for(seed, "input", torch.device("cpu"))
+        gen = generator_for(seed, stream, torch.device("cpu"))
         return tuple(torch.randint(0, vocab, s, generator=gen).to(device) for s in shapes)
     if kind == "file":
         path = spec.get("path")
@@ -47,7 +58,18 @@ def make_inputs(
         if shapes:
             tensor = _fit(tensor, shapes[0], str(path))
         return (tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype),)
-    raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, file")
+    if kind == "digit":
+        from surgery.digit import render_digit
+
+        digit = spec.get("digit", 3)
+        if not isinstance(digit, int) or not 0 <= digit <= 9:
+            raise ConfigError(f"input.digit: a digit 0-9, got {digit!r}")
+        if not shapes or len(shapes[0]) != 4:
+            raise ConfigError("input.shape: a digit is an image input [batch, channels, height, width]")
+        n, c, h, w = shapes[0]
+        image = render_digit(digit, size=w, seed=seed + batch)[..., :h, :w]
+        return (image.expand(n, c, h, w).contiguous().to(device=device, dtype=dtype),)
+    raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, digit, file")
 
 
 def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:

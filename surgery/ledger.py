@@ -19,6 +19,8 @@ class Ledger:
         self._undo: list[Callable[[], object]] = []
         self.hook_count: dict[str, int] = {}
         self.captures: dict[str, dict[str, Record]] = {}
+        self.streamed: set[str] = set()  # capture actions written to disk batch by batch
+        self.plotted: set[str] = set()  # capture actions whose records are plotted
         self.action = ""
         self.where = ""
 
@@ -38,11 +40,11 @@ class Ledger:
         """Own an undo callable for a change made outside hooks (a weight, a new parameter)."""
         self._undo.append(undo)
 
-    def record(self, action: str, key: str) -> Record:
+    def record(self, action: str, key: str, reduce: str = "none") -> Record:
         """The capture record for (action, key), created on first use."""
         per_action = self.captures.setdefault(action, {})
         if key not in per_action:
-            per_action[key] = Record(f"{action}/{key}")
+            per_action[key] = Record(f"{action}/{key}", reduce)
         return per_action[key]
 
     def rollback(self) -> list[BaseException]:

@@ -22,12 +22,69 @@ class Call:
     grad: torch.Tensor | None = None
 
 
-class Record:
-    """Every call recorded for one module (or parameter) by one action; attributes read the last."""
+class Running:
+    """Elementwise mean/std/min/max over calls and the batch dim, without keeping the tensors.
 
-    def __init__(self, key: str) -> None:
+    Batches are merged with Chan et al.'s pairwise update, in float64.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean: torch.Tensor | None = None
+        self.m2: torch.Tensor | None = None
+        self.min: torch.Tensor | None = None
+        self.max: torch.Tensor | None = None
+
+    def add(self, tensor: torch.Tensor) -> None:
+        """Fold in one call's tensor; dim 0 is the batch."""
+        x = tensor.detach().double()
+        x = x.unsqueeze(0) if x.dim() == 0 else x
+        n, mean = x.shape[0], x.mean(0)
+        m2, low, high = ((x - mean) ** 2).sum(0), x.amin(0), x.amax(0)
+        if self.mean is None:
+            self.count, self.mean, self.m2, self.min, self.max = n, mean, m2, low, high
+            return
+        if mean.shape != self.mean.shape:
+            raise SurgeryError(
+                f"reduce needs the same shape on every call: {list(self.mean.shape)} then {list(mean.shape)}"
+            )
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)  # type: ignore[operator]
+        self.min, self.max = torch.minimum(self.min, low), torch.maximum(self.max, high)  # type: ignore[arg-type]
+        self.count = total
+
+    def summary(self, stats: bool) -> dict[str, torch.Tensor]:
+        """``mean`` (and with ``stats`` also ``std``, ``min``, ``max``) as float32 tensors."""
+        assert self.mean is not None and self.m2 is not None
+        out = {"mean": self.mean.float()}
+        if stats:
+            std = (self.m2 / max(self.count - 1, 1)).sqrt()
+            out.update(std=std.float(), min=self.min.float(), max=self.max.float())  # type: ignore[union-attr]
+        return out
+
+
+class Record:
+    """Every call recorded for one module (or parameter) by one action; attributes read the last.
+
+    With ``reduce`` the calls are not kept: ``running[WHAT]`` holds statistics instead and
+    ``reduced`` gives them as tensors.
+    """
+
+    def __init__(self, key: str, reduce: str = "none") -> None:
         self.key = key
+        self.reduce = reduce
         self.calls: list[Call] = []
+        self.running: dict[str, Running] = {}
+
+    @property
+    def reduced(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``{WHAT: {"mean": ..., ["std", "min", "max"]}}`` for ``reduce: mean|stats``, plus ``count``."""
+        return {
+            what: {**r.summary(self.reduce == "stats"), "count": torch.tensor(r.count)}
+            for what, r in self.running.items()
+        }
 
     def _last(self) -> Call:
         if not self.calls:

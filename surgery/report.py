@@ -94,6 +94,9 @@ def flatten_captures(captures: dict[str, dict[str, Record]]) -> dict[str, torch.
     flat: dict[str, torch.Tensor] = {}
     for action, records in captures.items():
         for key, record in records.items():
+            for what, summary in record.reduced.items():
+                for stat, tensor in summary.items():
+                    flat[f"{action}/{key}/{what}/{stat}"] = tensor
             several = len(record.calls) > 1
             for i, call in enumerate(record.calls):
                 suffix = f"/{i}" if several else ""

@@ -1,10 +1,11 @@
-"""The job behind the CLI, on plain values: build the model, plan, apply, run, compare, write."""
+"""The job behind the CLI, on plain values: build, plan, apply, run every batch, compare, write."""
 
 from __future__ import annotations
 
-import random
+import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,87 +13,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.callables import check_targets
-from surgery.compiler import compile_plan, load_actions
-from surgery.engine import apply_plan, hooks_on
-from surgery.errors import ConfigError, SurgeryError
-from surgery.inputs import loss_of, make_inputs
-from surgery.io import load_checkpoint, read_tensors, write_json, write_tensors
+from surgery.build import build_model, module_table, resolve_device, seed_everything, settings_of
+from surgery.compiler import Plan, compile_plan, load_actions
+from surgery.engine import Surgery, apply_plan, hooks_on
+from surgery.inputs import batch_count, loss_of, make_inputs
+from surgery.io import read_tensors, write_json, write_tensors
 from surgery.report import difference, environment, fingerprint, first_tensor, flatten_captures, stats
-from surgery.schema import RunSettings, validate
-
-MODEL_EXTRAS = ("checkpoint", "input")
-
-
-def settings_of(cfg: DictConfig) -> RunSettings:
-    """The run settings of a composed config, validated."""
-    names = [f for f in RunSettings.__dataclass_fields__]
-    return validate(RunSettings, {k: cfg[k] for k in names if k in cfg}, "")
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def resolve_device(device: str) -> torch.device:
-    """cpu | cuda | cuda:N | auto, refusing a GPU that is not there."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device: {device!r} asked for, but torch sees no CUDA GPU here; use device=cpu or auto")
-    return torch.device(device)
-
-
-def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, load: bool = True) -> nn.Module:
-    """Instantiate the model config's ``_target_``, load its checkpoint (unless ``load=False``), move it, eval."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    node = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
-    if not isinstance(node, dict) or "_target_" not in node:
-        raise ConfigError("model: needs a _target_ (the class to build), e.g. +model=cnn")
-    target = str(node["_target_"])
-    check_targets(node, "model", settings.safe)
-    checkpoint = node.get("checkpoint")
-    build = {k: v for k, v in node.items() if k not in MODEL_EXTRAS}
-    try:
-        model = instantiate(build)
-    except InstantiationException as e:
-        if isinstance(e.__cause__, SurgeryError):  # e.g. a missing optional extra: keep its hint
-            raise e.__cause__ from None
-        raise ConfigError(f"model: cannot build {target!r}: {_reason(e)}") from None
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
-    if checkpoint and load:
-        load_checkpoint(model, checkpoint)
-    model = model.to(device=device, dtype=getattr(torch, settings.dtype))
-    return model.eval()
-
-
-def _reason(error: Exception) -> str:
-    """The most telling line of a Hydra instantiation error: its cause when there is one."""
-    cause = error.__cause__
-    if cause is not None:
-        return f"{type(cause).__name__}: {cause}".splitlines()[0]
-    return str(error).strip().splitlines()[-1]
-
-
-def module_table(model: nn.Module) -> str:
-    """One line per module: name, type, own parameter shapes, parameter count below it."""
-    from surgery.select import module_targets
-
-    rows = [("name", "type", "params", "own tensors")]
-    for t in module_targets(model):
-        own = ", ".join(f"{n}{list(p.shape)}" for n, p in t.module.named_parameters(recurse=False))
-        count = sum(p.numel() for p in t.module.parameters())
-        rows.append((t.name, type(t.module).__name__, f"{count:,}", own or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+from surgery.schema import RunSettings
 
 
 def forward(model: nn.Module, inputs: tuple[torch.Tensor, ...], settings: RunSettings, target: Any) -> Any:
@@ -106,100 +33,183 @@ def forward(model: nn.Module, inputs: tuple[torch.Tensor, ...], settings: RunSet
     return output
 
 
+@dataclass
+class Job:
+    """One run's settings, model, inputs and plan, as prepared before anything is changed."""
+
+    cfg: DictConfig
+    settings: RunSettings
+    model: nn.Module
+    input_spec: dict[str, Any]
+    inputs: tuple[torch.Tensor, ...]
+    batches: int
+    plan: Plan
+    load_late: bool  # a checkpoint loaded after applying, through on_load hooks
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def batch_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """The inputs of batch ``batch`` (batch 0 is the one planned and compared with)."""
+        if batch == 0:
+            return self.inputs
+        device, dtype = self.inputs[0].device, getattr(torch, self.settings.dtype)
+        return make_inputs(self.input_spec, self.settings.seed, dtype, device, batch)
+
+
 def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Everything `python -m surgery` does for one job; returns the report it wrote."""
+    job = prepare(cfg)
+    if job is None:
+        return {}
+    print(job.plan)
+    report: dict[str, Any] = {"mode": job.settings.mode, "seed": job.settings.seed, "plan": job.plan.to_dict()}
+    prints = {
+        "config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
+        "matched_modules": fingerprint(report["plan"]),
+    }
+    if job.settings.mode == "plan":
+        report["fingerprints"] = prints
+        write_json(out_dir / "report.json", report)
+        return report
+    body, captures, saved = surgered_run(job, out_dir, prints)
+    report.update(body)
+    if captures:
+        write_tensors(out_dir / "captures.safetensors", captures)
+    if saved is not None:
+        write_tensors(out_dir / "model.safetensors", saved)
+    write_json(out_dir / "report.json", report)
+    from surgery.report_md import write_report_md
+
+    write_report_md(report, out_dir, [out_dir / p for p in report["plots"]])
+    print(summary_line(report, out_dir))
+    return report
+
+
+def prepare(cfg: DictConfig) -> Job | None:
+    """Settings, seed, model, inputs and plan; None in ``mode=modules`` (the table is printed)."""
     settings = settings_of(cfg)
-    timings: dict[str, float] = {}
     clock = time.perf_counter()
     seed_everything(settings.seed)
     device = resolve_device(settings.device)
     actions = load_actions(cfg.get("actions"))
-    # with on_load actions the checkpoint is loaded after applying, through their hooks
     load_late = bool(cfg.model.get("checkpoint")) and any(
         isinstance(a, Mapping) and a.get("kind") == "on_load" and a.get("enabled", True) for a in actions.values()
     )
     model = build_model(cfg.model, settings, device, load=not load_late)
     if settings.mode == "modules":
         print(module_table(model))
-        return {}
+        return None
     input_spec = {**_plain(cfg.model.get("input") or {}), **_plain(cfg.get("input") or {})}
+    batches = batch_count(input_spec)
     inputs = make_inputs(input_spec, settings.seed, getattr(torch, settings.dtype), device)
-    timings["build_s"] = time.perf_counter() - clock
-
+    timings = {"build_s": time.perf_counter() - clock}
     clock = time.perf_counter()
     plan = compile_plan(
-        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=inputs
-    )
+        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=inputs,
+        batches=batches,
+    )  # fmt: skip
     timings["plan_s"] = time.perf_counter() - clock
-    print(plan)
-    report: dict[str, Any] = {"mode": settings.mode, "seed": settings.seed, "plan": plan.to_dict()}
-    config_print = fingerprint(OmegaConf.to_container(cfg, resolve=True))
-    matched_print = fingerprint(plan.to_dict())
-    if settings.mode == "plan":
-        report["fingerprints"] = {"config": config_print, "matched_modules": matched_print}
-        write_json(out_dir / "report.json", report)
-        return report
+    return Job(cfg, settings, model, input_spec, inputs, batches, plan, load_late, timings)
 
+
+def surgered_run(
+    job: Job, out_dir: Path, prints: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """Run the original, apply, run every batch, remove, check the restore.
+
+    Returns the report's body, the in-memory captures and (with ``save_model``) the surgered state.
+    """
+    model, settings, target = job.model, job.settings, job.input_spec.get("target")
     state_before = fingerprint(model.state_dict())
     modules_before, params_before = _counts(model)
     hooks_before = hooks_on(model)
-    original = forward(model, inputs, settings, input_spec.get("target")) if settings.compare else None
+    original = forward(model, job.inputs, settings, target) if settings.compare else None
     model.zero_grad(set_to_none=True)
 
     clock = time.perf_counter()
-    surgery = apply_plan(model, plan)
-    timings["apply_s"] = time.perf_counter() - clock
+    surgery = apply_plan(model, job.plan)
+    job.timings["apply_s"] = time.perf_counter() - clock
     try:
-        if load_late:
-            surgery.load_state_dict(read_tensors(Path(str(cfg.model.checkpoint)), "model.checkpoint"))
+        if job.load_late:
+            surgery.load_state_dict(read_tensors(Path(str(job.cfg.model.checkpoint)), "model.checkpoint"))
         modules_after, params_after = _counts(model)
         state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
-        saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else {}
-        clock = time.perf_counter()
-        output = forward(model, inputs, settings, input_spec.get("target"))
-        timings["forward_s"] = time.perf_counter() - clock
-        captures = flatten_captures(surgery.captures)
-        for step in report["plan"]:
-            step["hooks"] = surgery.hook_count.get(step["action"], 0)
+        saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else None
+        output, output_print = run_batches(job, surgery, out_dir)
+        memory = {a: r for a, r in surgery.captures.items() if a not in _streamed(job.plan)}
+        captures = flatten_captures(memory)
+        images = _plot(surgery, out_dir)
+        hooks = dict(surgery.hook_count)
     finally:
         surgery.remove()
         model.zero_grad(set_to_none=True)
     restored = fingerprint(model.state_dict()) == state_before and hooks_on(model) == hooks_before
     if not restored:
         raise RuntimeError("the model was not restored exactly after remove(); this is a bug in surgery")
-
-    report.update(
-        model={
+    plan = [{**step, "hooks": hooks.get(step["action"], 0)} for step in job.plan.to_dict()]
+    shards = sorted(p.name for p in (out_dir / "captures").glob("*.safetensors"))
+    body = {
+        "plan": plan,
+        "model": {
             "class": f"{type(model).__module__}.{type(model).__qualname__}",
             "modules_before": modules_before,
             "modules_after": modules_after,
             "parameters_before": params_before,
             "parameters_after": params_after,
         },
-        input=[stats(x) for x in inputs],
-        output=stats(first_tensor(output)),
-        original_output=stats(first_tensor(original)) if settings.compare else None,
-        difference=difference(first_tensor(output), first_tensor(original)) if settings.compare else None,
-        captures={"file": "captures.safetensors" if captures else None, "count": len(captures)},
-        timings=timings,
-        environment=environment(str(device)),
-        restored=restored,
-        fingerprints={
-            "config": config_print,
-            "matched_modules": matched_print,
-            "input": fingerprint(inputs),
+        "batches": job.batches,
+        "input": [stats(x) for x in job.inputs],
+        "output": stats(first_tensor(output)),
+        "original_output": stats(first_tensor(original)) if settings.compare else None,
+        "difference": difference(first_tensor(output), first_tensor(original)) if settings.compare else None,
+        "captures": {"file": "captures.safetensors" if captures else None, "count": len(captures), "shards": shards},
+        "plots": [str(p.relative_to(out_dir)) for p in images],
+        "timings": job.timings,
+        "environment": environment(str(job.inputs[0].device)),
+        "restored": restored,
+        "fingerprints": {
+            **prints,
+            "input": fingerprint(job.inputs),
             "state_dict_before": state_before,
             "state_dict_after": state_after,
-            "output": fingerprint(output),
+            "output": output_print,
         },
-    )
-    if captures:
-        write_tensors(out_dir / "captures.safetensors", captures)
-    if settings.save_model:
-        write_tensors(out_dir / "model.safetensors", saved)
-    write_json(out_dir / "report.json", report)
-    print(summary_line(report, out_dir))
-    return report
+    }
+    return body, captures, saved
+
+
+def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str]:
+    """Every batch through the surgered model, streaming disk captures after each; batch 0's output."""
+    clock = time.perf_counter()
+    first: Any = None
+    prints = []
+    for batch in progress(range(job.batches), "batches"):
+        output = forward(job.model, job.batch_inputs(batch), job.settings, job.input_spec.get("target"))
+        first = output if batch == 0 else first
+        prints.append(fingerprint(output))
+        surgery.flush(out_dir / "captures")
+    job.timings["forward_s"] = time.perf_counter() - clock
+    return first, prints[0] if job.batches == 1 else fingerprint(prints)
+
+
+def _streamed(plan: Plan) -> set[str]:
+    return {s.name for s in plan.steps if s.kind == "capture" and s.enabled and s.config.to == "disk"}
+
+
+def _plot(surgery: Surgery, out_dir: Path) -> list[Path]:
+    if not surgery.plotted:
+        return []
+    from surgery.plots import plot_records  # matplotlib only when plotting
+
+    return plot_records(surgery.captures, surgery.plotted, out_dir)
+
+
+def progress(items: range, what: str) -> Any:
+    """A progress bar over many batches on a terminal; the plain range otherwise."""
+    if len(items) < 10 or not sys.stderr.isatty():
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=what, unit="batch", file=sys.stderr)
 
 
 def summary_line(report: dict[str, Any], out_dir: Path) -> str:
@@ -212,6 +222,8 @@ def summary_line(report: dict[str, Any], out_dir: Path) -> str:
     parts.append(f"{hooks} hook(s), restored exactly")
     if report["captures"]["count"]:
         parts.append(f"{report['captures']['count']} captured tensor(s)")
+    if report["captures"]["shards"]:
+        parts.append(f"{len(report['captures']['shards'])} capture shard(s)")
     return "; ".join(parts) + f"; wrote {out_dir}"
 
 

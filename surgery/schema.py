@@ -273,7 +273,10 @@ class CaptureAction(Action):
     """capture: record inputs and/or outputs of every call."""
 
     what: list[str] = field(default_factory=lambda: ["output"])  # input, output
-    to: str = "memory"  # where records go: memory (s.captures, then captures.safetensors)
+    to: str = "memory"  # memory (s.captures, then captures.safetensors) | disk (one shard per batch)
+    reduce: str = "none"  # none: every call | mean | stats: running elementwise stats over calls and batch
+    max_bytes: int | None = None  # refuse, before running, a capture that would hold more than this
+    plot: bool = False  # write plots/*.png of the last call: feature-map grid or histogram
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -281,7 +284,12 @@ class CaptureAction(Action):
             raise FieldError("what", "list at least one of input, output")
         for w in self.what:
             one_of("what", w, ("input", "output"))
-        one_of("to", self.to, ("memory",))
+        one_of("to", self.to, ("memory", "disk"))
+        one_of("reduce", self.reduce, ("none", "mean", "stats"))
+        if self.reduce != "none" and self.to == "disk":
+            raise FieldError("to", "reduce keeps running statistics in memory; drop to: disk or reduce")
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise FieldError("max_bytes", f"must be a positive number of bytes, got {self.max_bytes}")
 
 
 @dataclass
@@ -289,9 +297,7 @@ class CaptureGradAction(Action):
     """capture_grad: record grad_input/grad_output, or a parameter's gradient with ``param``."""
 
     param: str | None = None  # set: Tensor.register_hook on these parameters
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    plot: bool = False  # write plots/*.png of the last call's gradients
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ from torch import nn
 
 from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, Step, hook_failed
 from surgery.ledger import Ledger
-from surgery.records import Call, detached
+from surgery.records import Call, Record, Running, detached
 from surgery.schema import CaptureAction, LogAction
 from surgery.select import Target
 
@@ -31,8 +32,17 @@ class Capture(Kind):
         want_input, want_output = "input" in cfg.what, "output" in cfg.what
 
         def apply(ledger: Ledger) -> None:
+            if cfg.to == "disk":
+                ledger.streamed.add(action)
+            if cfg.plot:
+                ledger.plotted.add(action)
             for target in ledger.each(action, targets, lambda t: t.name):
-                calls = ledger.record(action, target.name).calls
+                record = ledger.record(action, target.name, cfg.reduce)
+                if cfg.reduce != "none":
+                    hook = _reducing_hook(record, want_input, want_output, action, target.name)
+                    ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
+                    continue
+                calls = record.calls
 
                 def hook(
                     m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, calls: list[Call] = calls
@@ -48,6 +58,33 @@ class Capture(Kind):
                 ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+
+
+def tensors_in(value: Any, what: str) -> list[tuple[str, torch.Tensor]]:
+    """(key, tensor) for a tensor or the tensor elements of a tuple/list/dict: ``what``, ``what.i``."""
+    if isinstance(value, torch.Tensor):
+        return [(what, value)]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (tuple, list)) else ()
+    return [(f"{what}.{k}", v) for k, v in items if isinstance(v, torch.Tensor)]
+
+
+def _reducing_hook(record: Record, want_input: bool, want_output: bool, action: str, name: str) -> Callable:
+    """A forward hook folding each call into ``record.running`` instead of keeping it."""
+    running = record.running
+
+    def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        try:
+            found = (tensors_in(args, "input") + tensors_in(kwargs, "input") if want_input else []) + (
+                tensors_in(output, "output") if want_output else []
+            )
+            for key, tensor in found:
+                if key not in running:
+                    running[key] = Running()
+                running[key].add(tensor)
+        except Exception as e:
+            raise hook_failed(action, name, e) from e
+
+    return hook
 
 
 def describe(value: Any, stats: bool) -> str:

@@ -68,6 +68,9 @@ class CaptureGrad(Kind):
             found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
 
             def apply_params(ledger: Ledger) -> None:
+                if cfg.plot:
+                    ledger.plotted.add(action)
+
                 def make_hook(key: str, module: nn.Module) -> Callable:
                     calls = ledger.record(action, key).calls
                     return lambda grad: calls.append(Call(grad=grad.detach()))
@@ -77,6 +80,8 @@ class CaptureGrad(Kind):
             return Step(ctx.name, self.name, TENSOR_HOOK, cfg, modules_of(found), apply_params, tensors_named(found))
 
         def apply(ledger: Ledger) -> None:
+            if cfg.plot:
+                ledger.plotted.add(action)
             for target in ledger.each(action, targets, lambda t: t.name):
                 calls = ledger.record(action, target.name).calls
 

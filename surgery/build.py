@@ -1,0 +1,88 @@
+"""Everything before the surgery: settings, seeding, device, the model (and its checkpoint)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from surgery.callables import check_targets
+from surgery.errors import ConfigError, SurgeryError
+from surgery.io import load_checkpoint
+from surgery.schema import RunSettings, validate
+
+MODEL_EXTRAS = ("checkpoint", "input")
+
+
+def settings_of(cfg: DictConfig) -> RunSettings:
+    """The run settings of a composed config, validated."""
+    names = [f for f in RunSettings.__dataclass_fields__]
+    return validate(RunSettings, {k: cfg[k] for k in names if k in cfg}, "")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str) -> torch.device:
+    """cpu | cuda | cuda:N | auto, refusing a GPU that is not there."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device: {device!r} asked for, but torch sees no CUDA GPU here; use device=cpu or auto")
+    return torch.device(device)
+
+
+def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, load: bool = True) -> nn.Module:
+    """Instantiate the model config's ``_target_``, load its checkpoint (unless ``load=False``), move it, eval."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    node = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
+    if not isinstance(node, dict) or "_target_" not in node:
+        raise ConfigError("model: needs a _target_ (the class to build), e.g. +model=cnn")
+    target = str(node["_target_"])
+    check_targets(node, "model", settings.safe)
+    checkpoint = node.get("checkpoint")
+    build = {k: v for k, v in node.items() if k not in MODEL_EXTRAS}
+    try:
+        model = instantiate(build)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, SurgeryError):  # e.g. a missing optional extra: keep its hint
+            raise e.__cause__ from None
+        raise ConfigError(f"model: cannot build {target!r}: {_reason(e)}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
+    if checkpoint and load:
+        load_checkpoint(model, checkpoint)
+    model = model.to(device=device, dtype=getattr(torch, settings.dtype))
+    return model.eval()
+
+
+def _reason(error: Exception) -> str:
+    """The most telling line of a Hydra instantiation error: its cause when there is one."""
+    cause = error.__cause__
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    return str(error).strip().splitlines()[-1]
+
+
+def module_table(model: nn.Module) -> str:
+    """One line per module: name, type, own parameter shapes, parameter count below it."""
+    from surgery.select import module_targets
+
+    rows = [("name", "type", "params", "own tensors")]
+    for t in module_targets(model):
+        own = ", ".join(f"{n}{list(p.shape)}" for n, p in t.module.named_parameters(recurse=False))
+        count = sum(p.numel() for p in t.module.parameters())
+        rows.append((t.name, type(t.module).__name__, f"{count:,}", own or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
