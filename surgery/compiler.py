@@ -132,12 +132,56 @@ def compile_plan(
         plan.steps.append(step)
         if step.replaced:
             targets = _with_replacements(targets, step.replaced)
+    plan.warnings = overlap_warnings(plan.steps) + partial_structure_warnings(plan.steps, targets)
     if example_inputs is not None:
         from surgery.probe import check_capture_sizes, check_shapes
 
         check_shapes(plan.model, plan.steps, example_inputs)
         check_capture_sizes(plan.model, plan.steps, example_inputs, batches)
     return plan
+
+
+def overlap_warnings(steps: list[Step]) -> list[str]:
+    """Modules that several hook actions touch: they run in plan order, which the warning shows."""
+    by_module: dict[str, list[str]] = {}
+    for step in steps:
+        if step.enabled and step.mechanism != "apply pass":
+            for target in step.targets:
+                by_module.setdefault(target.name, []).append(step.name)
+    shared = {name: actions for name, actions in by_module.items() if len(actions) > 1}
+    lines = [f"{name}: {' → '.join(actions)} (hooks run in this order)" for name, actions in list(shared.items())[:5]]
+    if len(shared) > 5:
+        lines.append(f"… and {len(shared) - 5} more modules with several actions")
+    return lines
+
+
+def _shape_of_name(name: str) -> str:
+    """A module name with its number segments as ``*``: ``blocks.3.mlp`` → ``blocks.*.mlp``."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def partial_structure_warnings(steps: list[Step], targets: list[Target]) -> list[str]:
+    """Flag a selector that matches most, but not all, of a repeated structure (11 of 12 blocks)."""
+    family: dict[tuple[str, type], list[str]] = {}
+    for target in targets:
+        if any(part.isdigit() for part in target.name.split(".")):
+            family.setdefault((_shape_of_name(target.name), type(target.module)), []).append(target.name)
+    lines = []
+    for step in steps:
+        matched: dict[tuple[str, type], set[str]] = {}
+        for target in step.targets:
+            key = (_shape_of_name(target.name), type(target.module))
+            if key in family:
+                matched.setdefault(key, set()).add(target.name)
+        for key, names in matched.items():
+            everyone = family[key]
+            if len(everyone) >= 3 and len(everyone) / 2 <= len(names) < len(everyone):
+                missing = [n for n in everyone if n not in names]
+                lines.append(
+                    f"actions.{step.name}: matches {len(names)} of the {len(everyone)} modules like {key[0]!r};"
+                    f" not {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}. Intended?"
+                )
+    return lines
 
 
 def _with_replacements(targets: list[Target], replaced: list[Target]) -> list[Target]:

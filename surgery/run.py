@@ -61,7 +61,12 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if job is None:
         return {}
     print(job.plan)
-    report: dict[str, Any] = {"mode": job.settings.mode, "seed": job.settings.seed, "plan": job.plan.to_dict()}
+    report: dict[str, Any] = {
+        "mode": job.settings.mode,
+        "seed": job.settings.seed,
+        "plan": job.plan.to_dict(),
+        "warnings": job.plan.warnings,
+    }
     prints = {
         "config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
         "matched_modules": fingerprint(report["plan"]),

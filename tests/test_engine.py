@@ -104,3 +104,23 @@ def test_plan_accepts_a_name_a_yaml_path_a_dict_and_a_dictconfig(tmp_path, funct
     }
     assert len(tables) == 1
     assert "linear  replace_forward  forward hook  4  ab.a, ab.b, cd.c, cd.d" in tables.pop()
+
+
+def test_plan_warns_about_overlaps_in_order_and_a_partly_matched_repeated_structure() -> None:
+    from surgery.models.mlp import MLP
+
+    model = MLP(depth=12)
+    plan = surgery.plan(
+        model,
+        {
+            "first": {"kind": "capture", "select": "layers.[0-9].fc"},  # the classic miss: 10 and 11
+            "second": {"kind": "modify_output", "select": "layers.0.fc", "op": "mul", "value": 2},
+            "chosen": {"kind": "capture", "select": "layers.[01].act"},  # 2 of 12: clearly deliberate
+        },
+    )
+    assert plan.warnings == [
+        "layers.0.fc: first → second (hooks run in this order)",
+        "actions.first: matches 10 of the 12 modules like 'layers.*.fc'; not layers.10.fc, layers.11.fc. Intended?",
+    ]
+    assert str(plan).endswith("not layers.10.fc, layers.11.fc. Intended?")
+    assert surgery.plan(model, {"all": {"kind": "capture", "select": "layers.*.fc"}}).warnings == []
