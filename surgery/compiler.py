@@ -134,10 +134,9 @@ def compile_plan(
             targets = _with_replacements(targets, step.replaced)
     plan.warnings = overlap_warnings(plan.steps) + partial_structure_warnings(plan.steps, targets)
     if example_inputs is not None:
-        from surgery.probe import check_capture_sizes, check_shapes
+        from surgery.probe import check_before_apply
 
-        check_shapes(plan.model, plan.steps, example_inputs)
-        check_capture_sizes(plan.model, plan.steps, example_inputs, batches)
+        check_before_apply(plan.model, plan.steps, example_inputs, batches)
     return plan
 
 
