@@ -18,7 +18,10 @@ from surgery.paths import config_dir, group_options
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
-_internal_failure = False  # set when our task fails unexpectedly, so a Hydra exit 1 can be told apart
+
+
+class InternalFailure(SystemExit):
+    """Our own exit 1, told apart from Hydra's exit 1 for a bad override; launchers re-raise it intact."""
 
 
 def usage() -> str:
@@ -42,7 +45,6 @@ def usage() -> str:
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def _task(cfg: DictConfig) -> None:
-    global _internal_failure
     if cfg.get("model") is None:
         print(usage())
         return
@@ -59,12 +61,11 @@ def _task(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except Exception:
-        _internal_failure = True
         traceback.print_exc()
         print(
             "error: an unexpected internal failure (exit 1); please report it with the traceback above", file=sys.stderr
         )
-        sys.exit(EXIT_INTERNAL)
+        raise InternalFailure(EXIT_INTERNAL) from None
 
 
 def main() -> None:
@@ -74,9 +75,11 @@ def main() -> None:
         return
     try:
         _task()
+    except InternalFailure:
+        sys.exit(EXIT_INTERNAL)
     except SystemExit as e:
         # Hydra reports its own composition errors (unknown option, bad override) with exit 1;
         # those are bad input, so they exit 2 like ours.
-        if e.code == EXIT_INTERNAL and not _internal_failure:
+        if e.code == EXIT_INTERNAL:
             sys.exit(EXIT_BAD_INPUT)
         raise

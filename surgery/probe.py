@@ -40,6 +40,8 @@ def check_before_apply(model: nn.Module, steps: list[Step], example_inputs: tupl
     try:
         with torch.no_grad():
             model(*example_inputs)
+    except Exception as e:  # noqa: BLE001 - the unmodified model cannot take this input
+        raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
     finally:
         for handle in handles:
             handle.remove()

@@ -16,6 +16,7 @@ from torch import nn
 from surgery.build import build_model, module_table, resolve_device, seed_everything, settings_of
 from surgery.compiler import Plan, compile_plan, load_actions
 from surgery.engine import Surgery, apply_plan, hooks_on
+from surgery.errors import ConfigError, SurgeryError
 from surgery.inputs import batch_count, loss_of, make_inputs
 from surgery.io import read_tensors, write_json, write_tensors
 from surgery.report import difference, environment, fingerprint, first_tensor, flatten_captures, stats
@@ -123,11 +124,11 @@ def surgered_run(
 
     Returns the report's body, the in-memory captures and (with ``save_model``) the surgered state.
     """
-    model, settings, target = job.model, job.settings, job.input_spec.get("target")
+    model, settings = job.model, job.settings
     state_before = fingerprint(model.state_dict())
     modules_before, params_before = _counts(model)
     hooks_before = hooks_on(model)
-    original = forward(model, job.inputs, settings, target) if settings.compare else None
+    original = unmodified_forward(job) if settings.compare else None
     model.zero_grad(set_to_none=True)
 
     clock = time.perf_counter()
@@ -180,6 +181,16 @@ def surgered_run(
         },
     }
     return body, captures, saved
+
+
+def unmodified_forward(job: Job) -> Any:
+    """The model before surgery on batch 0; failing here is the input's fault, not the surgery's."""
+    try:
+        return forward(job.model, job.inputs, job.settings, job.input_spec.get("target"))
+    except SurgeryError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
 
 
 def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str]:

@@ -20,3 +20,18 @@ def negate(tensor: torch.Tensor) -> torch.Tensor:
 def scale(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     """An op fn with an argument, for a _target_ node with _partial_: true."""
     return tensor * factor
+
+
+class FailsSecondTime(torch.nn.Module):
+    """A model whose second forward fails: the surgered run after the original one, an internal failure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 2:
+            raise ZeroDivisionError("a bug that is not the user's")
+        return self.lin(x)

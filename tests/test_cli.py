@@ -245,3 +245,14 @@ def test_shipped_recipes_run_no_code_they_name(actions: str) -> None:
     for name, node in load_actions(actions).items():
         check_targets(node, f"actions.{name}", safe=True)
         assert import_paths(node) == []
+
+
+def test_an_internal_failure_exits_1_with_a_traceback(tmp_path: Path) -> None:
+    result = cli(
+        "+model=mlp", "model._target_=tests.helpers_callables.FailsSecondTime", "~model.in_features", "~model.hidden",
+        "~model.depth", "~model.out_features", "~model.activation", "model.input.shape=[1,2]", "+actions=init_ones",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "ZeroDivisionError: a bug that is not the user's" in result.stderr
+    assert not (tmp_path / "run" / "report.json").exists()
