@@ -1,0 +1,168 @@
+"""Reproducibility: the same config and seed give bit-identical fingerprints, and replay checks it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from surgery import replay
+from surgery.paths import config_dir
+from surgery.run import run_job
+
+REPO = Path(__file__).resolve().parents[1]
+FINGERPRINTS = ("config", "matched_modules", "input", "state_dict_before", "state_dict_after", "output")
+
+
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Replay's temporary run directories go under the test's own tmp_path (one is kept when different)."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return tmp_path / "tmp"
+
+
+def composed(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def saved_run(cfg: DictConfig, run_dir: Path) -> Path:
+    """A run directory as the CLI leaves it: report.json from run_job and the config Hydra saves."""
+    run_job(cfg, run_dir)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    return run_dir
+
+
+def results(stdout: str) -> dict[str, str]:
+    """{fingerprint: identical|different} from replay's table."""
+    return dict(re.findall(r"^(\w+)\s+(identical|different)\b", stdout, flags=re.M))
+
+
+def test_same_config_and_seed_give_bit_identical_fingerprints_and_captures(tmp_path: Path) -> None:
+    cfg = composed("+model=cnn", "+actions=[linearize,capture_block3]")
+    reports = [run_job(cfg, tmp_path / str(i)) for i in range(3)]
+    assert set(reports[0]["fingerprints"]) == set(FINGERPRINTS)
+    assert all(r["fingerprints"] == reports[0]["fingerprints"] for r in reports[1:])
+    captures = {(tmp_path / str(i) / "captures.safetensors").read_bytes() for i in range(3)}
+    assert len(captures) == 1
+
+
+def test_cli_run_replays_identically_from_the_same_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.save(torch.randn(4, 16, generator=torch.Generator().manual_seed(3)), tmp_path / "x.pt")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
+    args = ["+model=mlp", "+actions=[linearize,scale_output]", "actions.scale_output.value=3"]
+    args += ["+input=file", "input.path=x.pt", "hydra.run.dir=run"]  # a relative path, read from cwd
+    run = subprocess.run(
+        [sys.executable, "-m", "surgery", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "surgery.replay", "run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert results(result.stdout) == dict.fromkeys(FINGERPRINTS, "identical")
+    assert "all 6 fingerprints identical" in result.stdout
+    assert "scale_output" not in result.stdout  # the job's own prints went to stderr
+
+    # tamper with one fingerprint: replay names it and exits 1
+    monkeypatch.chdir(tmp_path)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    report["fingerprints"]["output"] = "0" * 64
+    (tmp_path / "run" / "report.json").write_text(json.dumps(report))
+    assert replay.main(["run", "--out", "again"]) == 1
+    # started elsewhere, the relative input path is not found: bad input
+    monkeypatch.chdir(tmp_path / "run")
+    assert replay.main([str(tmp_path / "run")]) == 2
+    assert "input.path: file 'x.pt' does not exist (relative paths are read from the current" in capsys.readouterr().err
+
+
+def test_tampered_report_shows_different_for_that_fingerprint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=add_five", "seed=4"), tmp_path / "run")
+    assert replay.main([str(run_dir)]) == 0
+    report = json.loads((run_dir / "report.json").read_text())
+    report["fingerprints"]["state_dict_after"] = "f" * 64
+    (run_dir / "report.json").write_text(json.dumps(report))
+    capsys.readouterr()
+    assert replay.main([str(run_dir), "--out", str(tmp_path / "new")]) == 1
+    out = capsys.readouterr().out
+    assert results(out) == {**dict.fromkeys(FINGERPRINTS, "identical"), "state_dict_after": "different"}
+    assert "state_dict_after   different  (was ffffffffffff, now " in out
+    assert f"1 of 6 fingerprints different: state_dict_after; new run in {tmp_path / 'new'}" in out
+    assert (tmp_path / "new" / "report.json").is_file()
+
+
+def test_a_plan_run_compares_the_fingerprints_it_has(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=function_linear", "mode=plan"), tmp_path / "run")
+    assert replay.main([str(run_dir)]) == 0
+    assert results(capsys.readouterr().out) == {"config": "identical", "matched_modules": "identical"}
+    assert not list((tmp_path / "tmp").iterdir())  # an identical replay removes its temporary run
+
+
+def test_a_changed_config_changes_the_fingerprints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=add_five"), tmp_path / "run")
+    OmegaConf.save(composed("+model=functions", "+actions=add_five", "seed=1"), run_dir / ".hydra" / "config.yaml")
+    assert replay.main([str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    kept = next((tmp_path / "tmp").iterdir())  # a differing replay keeps its new run for a look
+    assert f"new run in {kept}" in out and (kept / "report.json").is_file()
+    found = results(out)
+    assert found["config"] == found["input"] == found["output"] == "different"
+    assert found["matched_modules"] == "identical"
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        ("none", ["missing"], "missing: no such directory"),
+        ("empty", ["run"], "run: no .hydra/config.yaml; is this a run directory"),
+        ("no_report", ["run"], "run: no report.json"),
+        ("no_model", ["run"], "config.yaml: not a surgery job config (no model)"),
+        ("no_prints", ["run"], "report.json: holds no fingerprints to compare"),
+        ("bad_value", ["run"], "seed: Value 'abc'"),
+        ("empty", ["run", "--out", "run"], "--out must not be RUN_DIR itself"),
+    ],
+)
+def test_bad_input_exits_2_with_one_message(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    setup: str,
+    args: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    if setup != "none":
+        (run_dir / ".hydra").mkdir(parents=True)
+    config = {"model": {"_target_": "surgery.models.functions.Functions"}, "seed": "abc" if setup == "bad_value" else 0}
+    if setup in ("no_report", "no_model", "no_prints", "bad_value"):
+        OmegaConf.save(
+            OmegaConf.create({"seed": 0} if setup == "no_model" else config), run_dir / ".hydra" / "config.yaml"
+        )
+    if setup in ("no_model", "no_prints", "bad_value"):
+        prints = {} if setup == "no_prints" else {"config": "0" * 64}
+        (run_dir / "report.json").write_text(json.dumps({"fingerprints": prints}))
+    assert replay.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not list((tmp_path / "tmp").iterdir())  # the temporary run directory is gone again
