@@ -1,0 +1,245 @@
+"""``report.md``: the run's ``report.json`` as a page for people, with the plots inline."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from surgery.io import write_atomic
+
+SHOWN_NAMES = 4  # matched names listed per plan row before "… (+N more)"
+SHORT_HASH = 12
+SHOWN_ACTIONS = 6  # in the title
+SHOWN_CAPTURES = 32  # capture keys listed
+SHOWN_VALUES = 8  # a captured tensor this small has its values listed
+DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def write_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[Path] = ()) -> Path:
+    """Write ``out_dir/report.md`` atomically from a run's report dict and plot paths; return its path.
+
+    Every section is optional: a ``mode=plan`` report (mode, seed, plan, fingerprints) gives
+    a page with the plan and fingerprints only.
+    """
+    path = out_dir / "report.md"
+    text = render_report_md(report, out_dir, images)
+    write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
+    return path
+
+
+def render_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[Path] = ()) -> str:
+    """The markdown of ``report.md``; image links are relative to ``out_dir``."""
+    sections = [
+        _title(report),
+        _plan(report.get("plan") or []),
+        _model(report.get("model")),
+        _tensors(report),
+        _difference(report.get("difference"), "original_output" in report or "difference" in report),
+        _captures(report.get("captures"), out_dir),
+        _images(images, out_dir),
+        _key_values("Timings", {k.removesuffix("_s"): _seconds(v) for k, v in _dict(report, "timings")}),
+        _key_values("Environment", dict(_dict(report, "environment"))),
+        _key_values("Fingerprints (sha256, first 12 hex)", {k: _short(v) for k, v in _dict(report, "fingerprints")}),
+    ]
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _title(report: Mapping[str, Any]) -> str:
+    model = report.get("model") or {}
+    name = str(model.get("class", "")).rsplit(".", 1)[-1] if isinstance(model, Mapping) else ""
+    actions = [str(step.get("action")) for step in report.get("plan") or [] if isinstance(step, Mapping)]
+    mode = report.get("mode", "run")
+    heading = f"# surgery {mode}" + (f": {name}" if name else "")
+    listed = ", ".join(actions[:SHOWN_ACTIONS]) + (
+        f", … (+{len(actions) - SHOWN_ACTIONS} more)" if len(actions) > SHOWN_ACTIONS else ""
+    )
+    heading += f" — {listed}" if actions else " — no actions"
+    facts = [f"mode `{mode}`"]
+    if "seed" in report:
+        facts.append(f"seed `{report['seed']}`")
+    if report.get("batches") not in (None, 1):
+        facts.append(f"{report['batches']} batches")
+    device = (report.get("environment") or {}).get("device")
+    if device:
+        facts.append(f"device `{device}`")
+    if "restored" in report:
+        facts.append("model restored exactly: **" + ("yes" if report["restored"] else "no") + "**")
+    return heading + "\n\n" + " · ".join(facts)
+
+
+def _plan(plan: list[Any]) -> str:
+    if not plan:
+        return "## Plan\n\nNo actions."
+    rows = [["action", "kind", "mechanism", "hooks", "matched"]]
+    for step in plan:
+        if not isinstance(step, Mapping):
+            continue
+        names = step.get("tensors") or step.get("matched") or []
+        matched = f"{len(names)}: {_names(names)}" if names else "-"
+        mechanism = str(step.get("mechanism", "")) if step.get("enabled", True) else "(disabled)"
+        hooks = step.get("hooks", "-")
+        rows.append([_code(step.get("action", "?")), str(step.get("kind", "")), mechanism, str(hooks), matched])
+    return "## Plan\n\n" + _table(rows)
+
+
+def _names(names: list[Any]) -> str:
+    shown = ", ".join(_code(n) for n in names[:SHOWN_NAMES])
+    return shown + (f", … (+{len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else "")
+
+
+def _model(model: Any) -> str:
+    if not isinstance(model, Mapping):
+        return ""
+    rows = [["", "before", "after"]]
+    for what in ("modules", "parameters"):
+        before, after = model.get(f"{what}_before"), model.get(f"{what}_after")
+        if before is not None or after is not None:
+            rows.append([what, _number(before), _number(after)])
+    text = f"## Model\n\n{_code(model.get('class', '?'))}"
+    return text + ("\n\n" + _table(rows) if len(rows) > 1 else "")
+
+
+def _tensors(report: Mapping[str, Any]) -> str:
+    rows = [["tensor", "shape", "dtype", "mean", "std", "min", "max"]]
+    inputs = report.get("input") or []
+    for i, s in enumerate(inputs if isinstance(inputs, list) else [inputs]):
+        rows.append(_stat_row(f"input {i}" if len(inputs) > 1 else "input", s))
+    for key, label in (("output", "output"), ("original_output", "unmodified output")):
+        if report.get(key) is not None:
+            rows.append(_stat_row(label, report[key]))
+    return "## Input and output\n\n" + _table(rows) if len(rows) > 1 else ""
+
+
+def _stat_row(label: str, s: Any) -> list[str]:
+    if not isinstance(s, Mapping):
+        return [label, "-", "-", "-", "-", "-", "-"]
+    shape = s.get("shape")
+    cells = [label, _code(shape) if shape is not None else str(s.get("type", "-")), str(s.get("dtype", "-"))]
+    return cells + [_number(s.get(k)) for k in ("mean", "std", "min", "max")]
+
+
+def _difference(diff: Any, compared: bool) -> str:
+    if not compared:
+        return ""
+    title = "## Difference to the unmodified model\n\n"
+    if not isinstance(diff, Mapping):
+        return title + "Not compared (`compare=false`)."
+    if not diff.get("comparable", True):
+        return title + f"Not comparable: {diff.get('reason', 'unknown reason')}."
+    rows = [["max abs", "mean abs", "MSE", "KL(original ‖ surgered)", "identical"]]
+    equal = diff.get("equal")
+    rows.append(
+        [_number(diff.get(k)) for k in ("max_abs", "mean_abs", "mse", "kl")]
+        + ["-" if equal is None else ("yes" if equal else "no")]
+    )
+    return title + _table(rows)
+
+
+def _captures(captures: Any, out_dir: Path) -> str:
+    if not isinstance(captures, Mapping):
+        return ""
+    count, file, shards = captures.get("count", 0), captures.get("file"), captures.get("shards") or []
+    lines = [f"{count} captured tensor(s)" + (f" in `{file}`" if file else "") + "."]
+    if shards:
+        lines.append(f"{len(shards)} shard(s) streamed to disk under `captures/`: {_names(shards)}.")
+    text = "## Captures\n\n" + " ".join(lines)
+    if file and (out_dir / str(file)).is_file():
+        text += "\n\n" + _capture_table(out_dir / str(file))
+    return text
+
+
+def _capture_table(path: Path) -> str:
+    """Key, shape and (for tensors of a few elements) the values, read lazily from a safetensors file."""
+    from safetensors import safe_open
+
+    rows = [["key", "shape", "dtype", "values"]]
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        for key in keys[:SHOWN_CAPTURES]:
+            part = f.get_slice(key)
+            shape, dtype = part.get_shape(), part.get_dtype()
+            values = "…"
+            if math.prod(shape) <= SHOWN_VALUES:
+                values = ", ".join(f"{v:.4g}" for v in f.get_tensor(key).double().flatten().tolist())
+            rows.append([_code(key), _code(list(shape)), DTYPES.get(dtype, dtype), values])
+    more = f"\n\n… and {len(keys) - SHOWN_CAPTURES} more keys." if len(keys) > SHOWN_CAPTURES else ""
+    return _table(rows) + more
+
+
+def _images(images: Iterable[Path], out_dir: Path) -> str:
+    links = []
+    for image in images:
+        image = Path(image)
+        rel = Path(os.path.relpath(image, out_dir)) if image.is_absolute() else image
+        title = image.stem.replace("__", " · ")
+        links.append(f"![{_escape(title)}]({rel.as_posix().replace(' ', '%20')})")
+    return "## Plots\n\n" + "\n\n".join(links) if links else ""
+
+
+def _key_values(title: str, values: Mapping[str, Any]) -> str:
+    if not values:
+        return ""
+    return f"## {title}\n\n" + "\n".join(f"- {k}: {_cell(v)}" for k, v in values.items())
+
+
+def _dict(report: Mapping[str, Any], key: str) -> Iterable[tuple[str, Any]]:
+    value = report.get(key)
+    return value.items() if isinstance(value, Mapping) else ()
+
+
+def _table(rows: list[list[str]]) -> str:
+    head, *body = rows
+    lines = ["| " + " | ".join(_escape(c) for c in head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _escape(text: str) -> str:
+    """Keep a cell in its table: escape pipes, flatten newlines."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(value: Any) -> str:
+    """Inline code, so names such as ``<root>`` or ``a_b_c`` are not read as HTML or emphasis."""
+    text = str(value).replace("`", "'")
+    return f"`{text}`"
+
+
+def _cell(value: Any) -> str:
+    return _number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _seconds(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1000:.3g} ms"
+
+
+def _short(value: Any) -> str:
+    return f"`{str(value)[:SHORT_HASH]}`" if value else "-"
