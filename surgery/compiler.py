@@ -140,14 +140,21 @@ def compile_plan(
     return plan
 
 
+CHANGING_KINDS = frozenset({"replace_forward", "modify_output", "modify_input", "modify_grad"})
+
+
 def overlap_warnings(steps: list[Step]) -> list[str]:
-    """Modules that several hook actions touch: they run in plan order, which the warning shows."""
-    by_module: dict[str, list[str]] = {}
+    """Modules where a changing hook shares the module with other hooks: they run in plan order."""
+    by_module: dict[str, list[Step]] = {}
     for step in steps:
         if step.enabled and step.mechanism != "apply pass":
             for target in step.targets:
-                by_module.setdefault(target.name, []).append(step.name)
-    shared = {name: actions for name, actions in by_module.items() if len(actions) > 1}
+                by_module.setdefault(target.name, []).append(step)
+    shared = {
+        name: [s.name for s in found]
+        for name, found in by_module.items()
+        if len(found) > 1 and any(s.kind in CHANGING_KINDS for s in found)  # observers alone cannot disagree
+    }
     lines = [f"{name}: {' → '.join(actions)} (hooks run in this order)" for name, actions in list(shared.items())[:5]]
     if len(shared) > 5:
         lines.append(f"… and {len(shared) - 5} more modules with several actions")

@@ -67,7 +67,9 @@ def make_inputs(
         if not shapes or len(shapes[0]) != 4:
             raise ConfigError("input.shape: a digit is an image input [batch, channels, height, width]")
         n, c, h, w = shapes[0]
-        image = render_digit(digit, size=w, seed=seed + batch)[..., :h, :w]
+        side = max(h, w)
+        top, left = (side - h) // 2, (side - w) // 2  # centre crop for a non-square input
+        image = render_digit(digit, size=side, seed=seed + batch)[..., top : top + h, left : left + w]
         return (image.expand(n, c, h, w).contiguous().to(device=device, dtype=dtype),)
     raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, digit, file")
 

@@ -111,7 +111,13 @@ def _peak_rss_mib(*overrides: str, cwd: Path) -> float:
 
 def test_a_200_batch_disk_capture_stays_within_about_one_batch_of_memory(tmp_path: Path) -> None:
     # every conv/linear output of 32 images is ~1.4 MiB a batch: 200 batches would be ~280 MiB in memory
-    common = ["+model=cnn", "+actions=capture", "+actions.capture.to=disk", "model.input.shape=[32,1,28,28]", "compare=false"]
+    common = [
+        "+model=cnn",
+        "+actions=capture",
+        "+actions.capture.to=disk",
+        "model.input.shape=[32,1,28,28]",
+        "compare=false",
+    ]
     one = _peak_rss_mib(*common, "+input.batches=1", "hydra.run.dir=one", cwd=tmp_path)
     many = _peak_rss_mib(*common, "+input.batches=200", "hydra.run.dir=many", cwd=tmp_path)
     report = json.loads((tmp_path / "many" / "report.json").read_text())
