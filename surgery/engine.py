@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from surgery.compiler import Plan, compile_plan
-from surgery.errors import ActionError, ConfigError, SurgeryError
+from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
 from surgery.io import write_tensors
 from surgery.ledger import Ledger
 from surgery.records import Record
@@ -81,6 +82,7 @@ class Surgery:
         if not self.active:
             return
         self.active = False
+        warn_if_compiled(self.model, "removed")
         errors = self._ledger.rollback()
         if errors:
             raise ActionError(f"removing the surgery hit {len(errors)} error(s); first: {errors[0]!r}")
@@ -94,6 +96,18 @@ class Surgery:
     def __repr__(self) -> str:
         state = "active" if self.active else "removed"
         return f"<Surgery {state}: {', '.join(s.name for s in self.plan.steps)}>"
+
+
+def warn_if_compiled(model: nn.Module, done: str) -> None:
+    """Warn when the model is (or holds) a ``torch.compile`` module: torch would silently keep old hooks."""
+    if any(type(m).__name__ == "OptimizedModule" for m in model.modules()):
+        warnings.warn(
+            f"surgery {done} on a torch.compile-d model: if it has already run compiled, torch keeps using the"
+            " graph it compiled and ignores this change. Apply surgery before the first compiled call, or call"
+            " torch._dynamo.reset() (or compile again) after applying and after removing.",
+            CompiledModelWarning,
+            stacklevel=3,
+        )
 
 
 def _copy_back(tensors: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:
@@ -110,6 +124,7 @@ def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surge
         raise ConfigError("apply: this plan was compiled for another model; compile it for this one")
     elif plan_options:
         raise ConfigError(f"apply: options {sorted(plan_options)} only apply when compiling; the plan is compiled")
+    warn_if_compiled(model, "applied")
     ledger = Ledger()
     for step in plan.steps:
         if not step.enabled:

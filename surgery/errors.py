@@ -28,3 +28,7 @@ def did_you_mean(given: str, options: Iterable[str], n: int = 3) -> str:
     if not close:
         return ""
     return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+class CompiledModelWarning(UserWarning):
+    """Surgery on a ``torch.compile``-d model: torch ignores hooks changed after its first call."""

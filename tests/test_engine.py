@@ -124,3 +124,27 @@ def test_plan_warns_about_overlaps_in_order_and_a_partly_matched_repeated_struct
     ]
     assert str(plan).endswith("not layers.10.fc, layers.11.fc. Intended?")
     assert surgery.plan(model, {"all": {"kind": "capture", "select": "layers.*.fc"}}).warnings == []
+
+
+def test_surgery_on_a_compiled_model_warns_and_a_reset_makes_it_count(tiny: TinyNet, x_img) -> None:
+    from surgery.errors import CompiledModelWarning
+
+    compiled = torch.compile(tiny, backend="aot_eager")
+    before = compiled(x_img)
+    action = {"z": {"kind": "modify_output", "select": "fc", "op": "zero"}}
+    with pytest.warns(CompiledModelWarning, match="ignores this change"):
+        s = surgery.apply(compiled, action)
+    stale = compiled(x_img)  # torch silently keeps the graph compiled without the hook
+    torch._dynamo.reset()
+    fresh = compiled(x_img)
+    with pytest.warns(CompiledModelWarning):
+        s.remove()
+    torch._dynamo.reset()
+    assert torch.equal(stale, before) and torch.equal(fresh, torch.zeros_like(fresh))
+    assert torch.equal(compiled(x_img), before)
+
+
+def test_no_warning_on_a_plain_model(tiny: TinyNet, recwarn: pytest.WarningsRecorder) -> None:
+    with surgery.apply(tiny, "linearize"):
+        pass
+    assert not [w for w in recwarn if "torch.compile" in str(w.message)]
