@@ -10,16 +10,25 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from surgery.callables import check_targets
-from surgery.errors import ConfigError, SurgeryError
+from surgery.errors import ConfigError, SurgeryError, did_you_mean
 from surgery.io import load_checkpoint
 from surgery.schema import RunSettings, validate
 
 MODEL_EXTRAS = ("checkpoint", "input")
 
 
+GROUP_KEYS = ("model", "actions", "input")
+
+
 def settings_of(cfg: DictConfig) -> RunSettings:
-    """The run settings of a composed config, validated."""
-    names = [f for f in RunSettings.__dataclass_fields__]
+    """The run settings of a composed config, validated; an unknown top-level key is refused."""
+    names = list(RunSettings.__dataclass_fields__)
+    for key in cfg:
+        if key not in names and key not in GROUP_KEYS:
+            raise ConfigError(
+                f"{key}: unknown key.{did_you_mean(str(key), names + list(GROUP_KEYS))}"
+                f" Run settings: {', '.join(names)}."
+            )
     return validate(RunSettings, {k: cfg[k] for k in names if k in cfg}, "")
 
 

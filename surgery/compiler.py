@@ -119,7 +119,11 @@ def compile_plan(
         where = f"actions.{name}"
         if node is None:
             continue
-        if not isinstance(node, Mapping) or "kind" not in node:
+        if not isinstance(node, Mapping):
+            raise ConfigError(
+                f"{where}: an action must be a mapping such as {{kind: capture, select: block1}}, got {node!r}"
+            )
+        if "kind" not in node:
             raise ConfigError(f"{where}.kind: every action needs a kind; kinds: {', '.join(KINDS.names())}")
         kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
         cfg = validate(kind.schema, node, where)
@@ -221,6 +225,12 @@ def _match(cfg: Any, targets: list[Target], where: str, strict: bool) -> list[Ta
     if matched or not strict or cfg.allow_empty:
         return matched
     names = [t.name for t in targets]
+    if exclude is not None and select_modules(targets, select, types, None, where):
+        kept_out = [t.name for t in select_modules(targets, select, types, None, where)]
+        raise NoMatchError(
+            f"{where}.exclude: {_quote(exclude)} removed every module the selector matched"
+            f" ({', '.join(kept_out[:6])}{' …' if len(kept_out) > 6 else ''})"
+        )
     if select is not None:
         by_name = select_modules(targets, select, None, exclude, f"{where}.select")
         if not by_name:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,10 @@ class Action:
                 raise FieldError(key, f"must be a glob string or a non-empty list of them, got {value!r}")
 
 
+NONLINEARITIES = (
+    "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "sigmoid", "tanh", "relu", "leaky_relu", "selu",
+)  # fmt: skip
 INIT_METHODS = (
     "constant", "zeros", "ones", "normal", "uniform", "xavier_uniform", "xavier_normal",
     "kaiming_uniform", "kaiming_normal", "orthogonal", "trunc_normal", "eye", "dirac",
@@ -114,6 +120,13 @@ class InitSpec:
         if self.method == "constant" and self.value is None:
             raise FieldError(prefix + "value", "method 'constant' needs a value, e.g. value: 1.0")
         one_of(prefix + "mode", self.mode, ("fan_in", "fan_out"))
+        one_of(prefix + "nonlinearity", self.nonlinearity, NONLINEARITIES)
+        for key in ("std", "gain"):
+            if getattr(self, key) < 0:
+                raise FieldError(prefix + key, f"must be >= 0, got {getattr(self, key)}")
+        low, high = self.a, self.b
+        if self.method in ("uniform", "trunc_normal") and low is not None and high is not None and low > high:
+            raise FieldError(prefix + "a", f"{self.method} needs a <= b, got a={low} and b={high}")
 
 
 @dataclass
@@ -243,6 +256,13 @@ class OpArgs:
                 raise FieldError("from", f"needs {{file: PATH, key: ACTION/MODULE/WHAT}}, got {source!r}")
         if self.op == "clamp" and self.min is None and self.max is None:
             raise FieldError("min", "op 'clamp' needs min, max or both")
+        if self.op == "clamp" and self.min is not None and self.max is not None and self.min > self.max:
+            raise FieldError("min", f"clamp needs min <= max, got min={self.min} and max={self.max}")
+        if self.op == "clip_norm" and self.max_norm is not None and self.max_norm <= 0:
+            raise FieldError("max_norm", f"must be > 0, got {self.max_norm}")
+        dims = self.dim if isinstance(self.dim, list) else [self.dim]
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            raise FieldError("dim", f"a dim or a list of dims (ints) to average over, got {self.dim!r}")
 
 
 @dataclass
@@ -340,6 +360,21 @@ def check_keys(schema: type, node: dict, where: str) -> None:
                 check_keys(type(sample), value, _at(where, key))
 
 
+def check_containers(schema: type, node: dict, where: str) -> None:
+    """A list or mapping field given something else gets a message in the user's words, not OmegaConf's."""
+    hints = typing.get_type_hints(schema)
+    for name, value in node.items():
+        if value is None:
+            continue
+        hint = hints[name]
+        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        kinds = {typing.get_origin(t) or t for t in options}
+        if list in kinds and not isinstance(value, list):
+            raise ConfigError(f"{_at(where, yaml_key(name))}: must be a list, e.g. [{value}], got {value!r}")
+        if dict in kinds and not isinstance(value, dict):
+            raise ConfigError(f"{_at(where, yaml_key(name))}: must be a mapping such as {{old: new}}, got {value!r}")
+
+
 def validate(schema: type, node: Any, where: str) -> Any:
     """Validate a mapping against a dataclass schema; return the dataclass instance."""
     if isinstance(node, DictConfig):
@@ -348,6 +383,7 @@ def validate(schema: type, node: Any, where: str) -> Any:
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(node).__name__} {node!r}")
     check_keys(schema, node, where)
     node = {field_name(str(k)): v for k, v in node.items()}
+    check_containers(schema, node, where)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
         missing = sorted(OmegaConf.missing_keys(merged))

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from surgery.errors import ActionError, NoMatchError, SurgeryError
+from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
 from surgery.ledger import Ledger
 from surgery.registry import Registry
 from surgery.select import Target, closest_names, compile_globs, select_params
@@ -110,6 +110,11 @@ def tensors_of(
     Modules with no matching tensor drop out; matching nothing anywhere is a NoMatchError
     under ``strict`` that lists the tensor names the selected modules do have.
     """
+    if "." in pattern:
+        raise ConfigError(
+            f"{ctx.where}.param: {pattern!r}: a tensor name has no '.'; pick the submodule with select"
+            f" (e.g. select: ...{pattern.rsplit('.', 1)[0]}, param: {pattern.rsplit('.', 1)[1]})"
+        )
     found: list[tuple[Target, str, TensorSpec]] = []
     seen_names: list[str] = []
     matches = compile_globs([pattern], f"{ctx.where}.param")
