@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.callables import check_targets
+from surgery.callables import check_targets, instantiate_reason
 from surgery.errors import ConfigError, SurgeryError, did_you_mean
 from surgery.io import load_checkpoint
 from surgery.schema import RunSettings, validate
@@ -67,21 +67,13 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
     except InstantiationException as e:
         if isinstance(e.__cause__, SurgeryError):  # e.g. a missing optional extra: keep its hint
             raise e.__cause__ from None
-        raise ConfigError(f"model: cannot build {target!r}: {_reason(e)}") from None
+        raise ConfigError(f"model: cannot build {target!r}: {instantiate_reason(e, target)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
     if checkpoint and load:
         load_checkpoint(model, checkpoint)
     model = model.to(device=device, dtype=getattr(torch, settings.dtype))
     return model.eval()
-
-
-def _reason(error: Exception) -> str:
-    """The most telling line of a Hydra instantiation error: its cause when there is one."""
-    cause = error.__cause__
-    if cause is not None:
-        return f"{type(cause).__name__}: {cause}".splitlines()[0]
-    return str(error).strip().splitlines()[-1]
 
 
 def module_table(model: nn.Module) -> str:

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from surgery.errors import ConfigError
+from surgery.errors import ConfigError, did_you_mean
 
 SAFE_TARGET_PREFIXES = ("torch.", "surgery.")
 
@@ -41,9 +41,25 @@ def instantiate_node(node: Mapping[str, Any], where: str, safe: bool) -> Any:
     try:
         return instantiate(dict(node))
     except InstantiationException as e:
-        raise ConfigError(f"{where}: cannot build {node.get('_target_')!r}: {str(e).splitlines()[0]}") from None
+        target = str(node.get("_target_"))
+        raise ConfigError(f"{where}: cannot build {target!r}: {instantiate_reason(e, target)}") from None
     except Exception as e:  # noqa: BLE001 - the target's own constructor failed
         raise ConfigError(f"{where}: building {node.get('_target_')!r} failed: {type(e).__name__}: {e}") from None
+
+
+def instantiate_reason(error: Exception, target: str) -> str:
+    """The telling part of a Hydra instantiation error: a missing name, or the constructor's own error."""
+    cause = error.__cause__
+    if isinstance(cause, ImportError) or "Error locating target" in str(error):
+        module_name, _, attr = target.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            return f"cannot import {module_name!r}: {e}"
+        return f"module {module_name!r} has no attribute {attr!r}.{did_you_mean(attr, dir(module))}".rstrip(".")
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    return str(error).strip().splitlines()[-1]
 
 
 def resolve_callable(spec: Any, where: str, safe: bool) -> Callable[..., Any]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,19 +56,20 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
     """Read a dict of tensors from .safetensors or a weights-only .pt/.pth; never unpickles objects."""
-    if not path.is_file():
-        raise ConfigError(f"{what}: file {str(path)!r} does not exist")
+    _must_be_file(path, what)
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
+            warnings.simplefilter("ignore")
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - every read failure becomes one clear message
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = _read_failure(e)
         raise ConfigError(
             f"{what}: cannot read {str(path)!r} as {suffix or 'a checkpoint'} ({first}). Only tensors are"
             " accepted: .safetensors, or .pt/.pth saved from a state_dict (loaded with weights_only=True)"
@@ -80,12 +83,39 @@ def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
     return dict(loaded)
 
 
+def _must_be_file(path: Path, what: str) -> None:
+    if path.is_dir():
+        raise ConfigError(f"{what}: {str(path)!r} is a directory, not a file")
+    if not path.is_file():
+        raise ConfigError(f"{what}: file {str(path)!r} does not exist")
+
+
+def _read_failure(error: Exception) -> str:
+    """Why a file could not be read, in one plain line (torch's weights-only reason, no terminal colours)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
+    marker = "WeightsUnpickler error:"
+    if marker in text:  # torch's reason follows this marker, on the same line or the next
+        rest = [line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()]
+        return f"{marker} {rest[0]}" if rest else marker
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def load_checkpoint(model: torch.nn.Module, path: str | Path) -> None:
     """Load a state_dict file strictly into ``model``; missing or unexpected keys are an error."""
     path = Path(path)
     if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
         raise ConfigError(f"model.checkpoint: {str(path)!r} is not one of {', '.join(CHECKPOINT_SUFFIXES)}")
     state = read_tensors(path, "model.checkpoint")
+    own = model.state_dict()
+    misfits = [
+        f"{key} is {list(state[key].shape)} in the file, {list(own[key].shape)} in the model"
+        for key in own
+        if key in state and tuple(own[key].shape) != tuple(state[key].shape)
+    ]
+    if misfits:
+        more = f" (+{len(misfits) - 3} more)" if len(misfits) > 3 else ""
+        raise ConfigError(f"model.checkpoint: {str(path)!r} does not fit the model: {'; '.join(misfits[:3])}{more}")
     result = model.load_state_dict(state, strict=False)
     problems = []
     if result.missing_keys:
@@ -101,8 +131,7 @@ def read_input_file(path: Path, key: str | None) -> torch.Tensor:
     suffix = path.suffix.lower()
     if suffix not in INPUT_SUFFIXES:
         raise ConfigError(f"input.path: {str(path)!r} is not one of {', '.join(INPUT_SUFFIXES)}")
-    if not path.is_file():
-        raise ConfigError(f"input.path: file {str(path)!r} does not exist")
+    _must_be_file(path, "input.path")
     if suffix == ".npy":
         import numpy as np
 
@@ -113,7 +142,10 @@ def read_input_file(path: Path, key: str | None) -> torch.Tensor:
     if suffix == ".png":
         import matplotlib.image
 
-        image = torch.from_numpy(matplotlib.image.imread(str(path)).copy()).float()
+        try:
+            image = torch.from_numpy(matplotlib.image.imread(str(path)).copy()).float()
+        except Exception as e:  # noqa: BLE001 - PIL raises SyntaxError, OSError, ...
+            raise ConfigError(f"input.path: cannot read {str(path)!r} as .png ({_read_failure(e)})") from None
         return image if image.dim() == 2 else image.permute(2, 0, 1)
     tensors = read_tensors(path, "input.path")
     if key is not None:
