@@ -434,7 +434,8 @@ class Expr:
                 f"{self.where}: '{self.text}' uses {error.name!r}, which this hook does not provide"
             ) from None
         except Exception as error:
-            raise ActionError(f"{self.where}: '{_shorten(self.text)}' failed: {error}") from error
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ActionError(f"{self.where}: '{_shorten(self.text)}' failed: {first}") from error
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"

@@ -223,7 +223,6 @@ def test_a_hook_that_raises_names_action_and_module_and_stays_removable(case: st
     s.remove()  # twice is harmless
 
 
-@pytest.mark.xfail(strict=True, reason="a failing tensor hook says \"actions.bad.expr on module 'fc.weight'\"")
 def test_a_failing_parameter_hook_says_parameter_not_module(x_img: torch.Tensor) -> None:
     action, _ = FAILING_HOOKS["modify_grad/param"]
     model = prepared()

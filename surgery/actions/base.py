@@ -166,12 +166,22 @@ def tensor_named(module: nn.Module, name: str) -> torch.Tensor:
     return tensor
 
 
-def hook_failed(action: str, module: str, error: Exception) -> ActionError:
-    """The error a hook raises when its body fails: it names the action and the module."""
-    text = str(error)
+class KeyedError(Exception):
+    """A hook failure that one config key explains (``item``, ``dim``, ``index``, ``expr``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def hook_failed(action: str, name: str, error: Exception, on: str = "module") -> ActionError:
+    """The error a hook raises when its body fails: one line naming the action (and key) and the module."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, KeyedError):
+        return ActionError(f"actions.{action}.{error.key} on {on} {name!r}: {text}")
     if isinstance(error, SurgeryError) and text.startswith(f"actions.{action}") and ": " in text:
         where, rest = text.split(": ", 1)  # already says which key failed: add the module
-        return ActionError(f"{where} on module {module!r}: {rest}")
+        return ActionError(f"{where} on {on} {name!r}: {rest}")
     if isinstance(error, SurgeryError):
-        return ActionError(f"actions.{action} on module {module!r}: {text}")
-    return ActionError(f"actions.{action} on module {module!r}: {type(error).__name__}: {error}")
+        return ActionError(f"actions.{action} on {on} {name!r}: {text}")
+    return ActionError(f"actions.{action} on {on} {name!r}: {type(error).__name__}: {text}")

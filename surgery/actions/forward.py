@@ -16,6 +16,7 @@ from surgery.actions.base import (
     FORWARD_PRE_HOOK,
     KINDS,
     BindContext,
+    KeyedError,
     Kind,
     ShapeCheck,
     Step,
@@ -98,12 +99,26 @@ class ReplaceForward(Kind):
         """Build one compute function per module; check ``linear`` finds a weight."""
         computes = _computes(cfg, targets, ctx)
         action = ctx.name
+        source = ("expr", cfg.expr) if cfg.expr is not None else ("fn", str(cfg.fn))
 
         def apply(ledger: Ledger) -> None:
             for target, compute in ledger.each(action, computes, lambda tc: tc[0].name):
-                _register(ledger, action, target, compute)
+                _register(ledger, action, target, _tensor_for_tensor(compute, source))
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+
+
+def _tensor_for_tensor(compute: Compute, source: tuple[str, str]) -> Compute:
+    """Refuse a replacement that is not a tensor where the module returned one (it would fail later)."""
+    key, text = source
+
+    def checked(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        result = compute(m, args, output)
+        if isinstance(output, torch.Tensor) and not isinstance(result, torch.Tensor):
+            raise KeyedError(key, f"{text!r} gave a {type(result).__name__}, not a tensor as the module returns")
+        return result
+
+    return checked
 
 
 def _register(ledger: Ledger, action: str, target: Target, compute: Compute) -> None:
@@ -234,7 +249,7 @@ def _input_hook(op: Callable, action: str, name: str, item: int | str, position:
             at = item if isinstance(item, int) else position
             if at is None or at >= len(args):
                 got = f"{len(args)} positional input(s) and keywords {sorted(kwargs)}"
-                raise IndexError(f"input {item!r} was not passed; the module got {got}")
+                raise KeyedError("item", f"input {item!r} was not passed; the module got {got}")
             return replace_item(args, at, op(args[at], m)), kwargs
         except Exception as e:
             raise hook_failed(action, name, e) from e

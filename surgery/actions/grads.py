@@ -118,7 +118,7 @@ class ModifyGrad(Kind):
                         try:
                             return op(grad, module)
                         except Exception as e:
-                            raise hook_failed(action, key, e) from e
+                            raise hook_failed(action, key, e, on="parameter") from e
 
                     return hook
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from surgery.actions.base import generator_for
+from surgery.actions.base import KeyedError, generator_for
 from surgery.callables import resolve_callable
 from surgery.errors import ActionError, ConfigError, did_you_mean
 from surgery.expr import compile_expr, compile_index
@@ -33,8 +33,12 @@ def make_op(cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: boo
         fn = build()
 
         def sliced(t: torch.Tensor, module: Any) -> torch.Tensor:
+            try:
+                part = t[index]
+            except IndexError as e:
+                raise KeyedError("index", f"{cfg.index} does not fit a tensor of shape {list(t.shape)}: {e}") from e
             out = t.clone()
-            out[index] = fn(t[index], module)
+            out[index] = fn(part, module)
             return out
 
         return sliced
@@ -68,7 +72,7 @@ def _elementwise(
         return lambda: lambda t, m: t * (max_norm / (torch.linalg.vector_norm(t) + 1e-6)).clamp(max=1.0)
     if op == "mean_ablate":
         dims = tuple(cfg.dim) if isinstance(cfg.dim, (list, tuple)) else (int(cfg.dim),)
-        return lambda: lambda t, m: t.mean(dim=dims, keepdim=True).expand_as(t)
+        return lambda: _mean_ablate(dims)
     if op == "noise":
         std = float(cfg.std)  # type: ignore[arg-type]
         return lambda: _noise(std, seed, action)
@@ -83,6 +87,16 @@ def _elementwise(
         patch = source[index] if index is not None else source
         return lambda: _patch(patch, f"{where}.from", cfg.from_["key"])
     raise AssertionError(f"op {op!r} passed validation but has no implementation")
+
+
+def _mean_ablate(dims: tuple[int, ...]) -> Op:
+    def ablate(t: torch.Tensor, m: Any) -> torch.Tensor:
+        try:
+            return t.mean(dim=dims, keepdim=True).expand_as(t)
+        except IndexError as e:
+            raise KeyedError("dim", f"{e} (the tensor is {list(t.shape)})") from e
+
+    return ablate
 
 
 def _noise(std: float, seed: int, action: str) -> Op:

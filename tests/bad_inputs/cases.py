@@ -203,11 +203,7 @@ CASES: list[Case] = [
         " and fails in the forward as \"actions.a on module 'classifier.1': IndexError: too many indices\";"
         " it should be caught at plan time and name actions.a.index"),
     act("expr_runtime_error_multiline", "expr", ("'clamp(1, 0, 2)' failed", "invalid combination of arguments"),
-        {"kind": "replace_forward", "type": "ReLU", "expr": "clamp(1, 0, 2)"}, error=ActionError, at="forward",
-        xfail="an expression that fails while running keeps torch's whole text, which for a bad call spans several"
-        " lines (\"clamp() received an invalid combination of arguments - got (int, int, int), but expected one"
-        " of:\\n * (Tensor input, ...)\"), so the CLI's error is not one line; Expr.__call__ should keep the first"
-        " line"),
+        {"kind": "replace_forward", "type": "ReLU", "expr": "clamp(1, 0, 2)"}, error=ActionError, at="forward"),
     act("expr_wrong_shape", "expr", ("'x.reshape(7, 5)' failed", "shape"),
         {"kind": "replace_forward", "select": "block1.pool", "expr": "x.reshape(7, 5)"}, error=ActionError,
         at="forward"),
@@ -275,20 +271,12 @@ CASES: list[Case] = [
     act("clamp_reversed", "min", ("2.0", "1.0"),
         {"kind": "modify_output", "select": "block1", "op": "clamp", "min": 2.0, "max": 1.0}),
     act("item_not_passed", "item", ("input 3 was not passed",),
-        {"kind": "modify_input", "select": "block1", "op": "zero", "item": 3}, error=ActionError, at="forward",
-        xfail="modify_input item: 3 on a one-input module fails only in the forward, as \"actions.a on module"
-        " 'block1': IndexError: input 3 was not passed...\": the message does not name the key; it should start"
-        " actions.a.item (and could be caught by the plan's probe forward)"),
+        {"kind": "modify_input", "select": "block1", "op": "zero", "item": 3}, error=ActionError, at="forward"),
     act("dim_out_of_range", "dim", ("Dimension out of range",),
         {"kind": "modify_output", "select": "block1", "op": "mean_ablate", "dim": 5}, error=ActionError,
-        at="forward",
-        xfail="mean_ablate dim: 5 on a 4-D output fails in the forward as \"actions.a on module 'block1':"
-        " IndexError: Dimension out of range...\", not naming the key; it should start actions.a.dim"),
+        at="forward"),
     act("expr_not_a_tensor", "expr", ("'1'", "int", "tensor"),
-        {"kind": "replace_forward", "select": "block1.act", "expr": "1"}, error=ActionError, at="forward",
-        xfail="replace_forward expr: '1' returns a number; the next module fails with torch's bare TypeError"
-        " (max_pool2d(): argument 'input' must be Tensor, not int), exit 1 on the CLI; the hook should refuse a"
-        " non-tensor result naming actions.a.expr"),
+        {"kind": "replace_forward", "select": "block1.act", "expr": "1"}, error=ActionError, at="forward"),
     act("patch_from_string", "from", ("needs {file: PATH, key: ACTION/MODULE/WHAT}",),
         {"kind": "modify_output", "select": "block3", "op": "patch", "from": "captures.safetensors"}),
     act("forward_fn_typo", "fn", ("'identiy' is not one of", "Did you mean 'identity'?"),
