@@ -23,10 +23,10 @@ GROUP_KEYS = ("model", "actions", "input")
 def settings_of(cfg: DictConfig) -> RunSettings:
     """The run settings of a composed config, validated; an unknown top-level key is refused."""
     names = list(RunSettings.__dataclass_fields__)
-    for key in cfg:
+    for key in map(str, cfg):
         if key not in names and key not in GROUP_KEYS:
             raise ConfigError(
-                f"{key}: unknown key.{did_you_mean(str(key), names + list(GROUP_KEYS))}"
+                f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))}"
                 f" Run settings: {', '.join(names)}."
             )
     return validate(RunSettings, {k: cfg[k] for k in names if k in cfg}, "")
