@@ -64,11 +64,20 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
             picked = get_item(args, check.item)
     else:
         picked = get_item(value, check.item)
-    shape = tuple(picked[check.index].shape if check.index is not None else picked.shape)
-    if shape != check.shape:
+    if not isinstance(picked, torch.Tensor):
+        return  # not a tensor here: the hook reports it
+    if check.index is not None:
+        try:
+            picked = picked[check.index]
+        except IndexError as e:
+            raise ConfigError(
+                f"{check.where}.index: {check.index_text} does not fit the {check.what} of {target.name!r},"
+                f" shape {list(picked.shape)}: {e}"
+            ) from None
+    if check.shape is not None and tuple(picked.shape) != check.shape:
         raise ConfigError(
-            f"{check.where}: {check.source} has shape {list(check.shape)}, but the {check.what} of"
-            f" {target.name!r} is {list(shape)} on this input"
+            f"{check.where}.from: {check.source} has shape {list(check.shape)}, but the {check.what} of"
+            f" {target.name!r} is {list(picked.shape)} on this input"
         )
 
 

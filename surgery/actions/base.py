@@ -56,13 +56,15 @@ class BindContext:
 
 @dataclass(frozen=True)
 class ShapeCheck:
-    """A shape an action needs at one module's input or output, checked by a probe forward."""
+    """What an action needs at one module's input or output, checked by a probe forward:
+    that ``index`` applies, and (for a patch) that the written part has ``shape``."""
 
-    where: str  # config path for the message, e.g. actions.p.from
+    where: str  # the action's config path, e.g. actions.p
     what: str  # "input" or "output"
     item: Any  # position or key within the input/output
     index: tuple | None  # the slice the action writes
-    shape: tuple[int, ...]
+    index_text: str | None  # the slice as configured, for the message
+    shape: tuple[int, ...] | None  # a patch's shape, or None
     source: str  # what provides the shape, for the message
 
 

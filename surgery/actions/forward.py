@@ -151,10 +151,11 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute) -> 
 
 def _shape_checks(cfg: Any, targets: list[Target], where: str, what: str) -> list[tuple[Target, ShapeCheck]]:
     shape = patch_shape(cfg, where)
-    if shape is None:
+    if shape is None and cfg.index is None:
         return []
     index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
-    check = ShapeCheck(f"{where}.from", what, cfg.item, index, shape, repr(cfg.from_["key"]))
+    source = repr(cfg.from_["key"]) if shape is not None else ""
+    check = ShapeCheck(where, what, cfg.item, index, cfg.index, shape, source)
     return [(t, check) for t in targets]
 
 

@@ -198,10 +198,7 @@ CASES: list[Case] = [
     act("shape_negative", "shape", ("sizes must be >= 0",),
         {"kind": "add_parameter", "select": "block1.conv", "name": "g", "shape": [-1]}),
     act("index_too_many_dims", "index", ("too many indices",),
-        {"kind": "modify_output", "select": "classifier.1", "op": "zero", "index": "[0, 0, 0, 0]"},
-        xfail="an index with more dims than the output passes the plan (the CLI has example inputs to check it)"
-        " and fails in the forward as \"actions.a on module 'classifier.1': IndexError: too many indices\";"
-        " it should be caught at plan time and name actions.a.index"),
+        {"kind": "modify_output", "select": "classifier.1", "op": "zero", "index": "[0, 0, 0, 0]"}),
     act("expr_runtime_error_multiline", "expr", ("'clamp(1, 0, 2)' failed", "invalid combination of arguments"),
         {"kind": "replace_forward", "type": "ReLU", "expr": "clamp(1, 0, 2)"}, error=ActionError, at="forward"),
     act("expr_wrong_shape", "expr", ("'x.reshape(7, 5)' failed", "shape"),
