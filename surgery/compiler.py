@@ -115,6 +115,7 @@ def compile_plan(
     targets = module_targets(model)
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}
+    flags: dict[int, bool] = {}  # shared by every action: what earlier ones add and freeze
     for name, node in load_actions(actions).items():
         where = f"actions.{name}"
         if node is None:
@@ -128,7 +129,7 @@ def compile_plan(
         kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
         cfg = validate(kind.schema, node, where)
         matched = _match(cfg, targets, where, strict)
-        ctx = BindContext(str(name), seed, strict, safe, model, ctx_added)
+        ctx = BindContext(str(name), seed, strict, safe, model, ctx_added, flags)
         if not cfg.enabled:
             plan.steps.append(Step(str(name), kind.name, kind.mechanism, cfg, matched, _skip, enabled=False))
             continue

@@ -47,6 +47,7 @@ class BindContext:
     safe: bool
     root: nn.Module
     added: dict[int, dict[str, TensorSpec]] = field(default_factory=dict)
+    requires_grad: dict[int, bool] = field(default_factory=dict)  # flags earlier freeze/unfreeze will set
 
     @property
     def where(self) -> str:
@@ -134,6 +135,19 @@ def tensors_of(
             " Set allow_empty: true if that is expected."
         )
     return found
+
+
+def check_grad_hooks(found: list[tuple[Target, str, TensorSpec]], ctx: BindContext) -> None:
+    """A tensor hook needs a parameter that requires grad when the hook is registered; refuse it now."""
+    for target, name, _ in found:
+        tensor = find_tensor(target.module, name)
+        if tensor is None:
+            continue  # added by an earlier action: a new parameter requires grad unless configured otherwise
+        if not ctx.requires_grad.get(id(tensor), tensor.requires_grad):
+            raise ConfigError(
+                f"{ctx.where}.param: {full_name(target, name)} does not have requires_grad (frozen by the model or an"
+                " earlier action), so no gradient hook can be registered on it; unfreeze it first or leave it out"
+            )
 
 
 def modules_of(found: list[tuple[Target, str, TensorSpec]]) -> list[Target]:

@@ -20,6 +20,7 @@ from surgery.actions.base import (
     Kind,
     Step,
     TensorSpec,
+    check_grad_hooks,
     full_name,
     hook_failed,
     modules_of,
@@ -66,6 +67,7 @@ class CaptureGrad(Kind):
         action = ctx.name
         if cfg.param is not None:
             found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
+            check_grad_hooks(found, ctx)
 
             def apply_params(ledger: Ledger) -> None:
                 if cfg.plot:
@@ -109,6 +111,7 @@ class ModifyGrad(Kind):
             if cfg.item is not None:
                 raise ConfigError(f"{where}.item: a parameter's gradient is one tensor; drop item when param is set")
             found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
+            check_grad_hooks(found, ctx)
 
             def apply_params(ledger: Ledger) -> None:
                 op = build()

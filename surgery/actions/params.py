@@ -145,6 +145,9 @@ class SetRequiresGrad(Kind):
         by_module: dict[int, list[str]] = {}
         for target, pname, _ in found:
             by_module.setdefault(id(target.module), []).append(pname)
+            tensor = find_tensor(target.module, pname)
+            if tensor is not None:
+                ctx.requires_grad[id(tensor)] = self.flag
         root, action, flag = ctx.root, ctx.name, self.flag
 
         def apply(ledger: Ledger) -> None:

@@ -183,11 +183,7 @@ CASES: list[Case] = [
         xfail="an expr reading module.W on a Linear (no W) passes the plan and fails only when the model runs;"
         " the plan could check module.NAME against each selected module"),
     run("grad_hook_on_frozen", "actions.a.param", ("block1.conv.weight", "requires_grad"), *CNN,
-        "+actions.f={kind:freeze,select:block1.conv}", "+actions.a={kind:capture_grad,select:block1.conv,param:weight}",
-        xfail="capture_grad/modify_grad with param on a parameter that does not require grad (frozen by an earlier"
-        " action, or by the model) passes the plan and fails while applying (\"actions.a: failed on"
-        " 'block1.conv.weight': RuntimeError: cannot register a hook on a tensor that doesn't require gradient."
-        " Nothing was changed.\"); it should be a plan-time error naming actions.a.param"),
+        "+actions.f={kind:freeze,select:block1.conv}", "+actions.a={kind:capture_grad,select:block1.conv,param:weight}"),
     act("name_taken", "name", ("already has an attribute 'bias'",),
         {"kind": "add_parameter", "select": "classifier.1", "name": "bias", "shape": [10]}),
     act("name_not_identifier", "name", ("not a public Python identifier",),
