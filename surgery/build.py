@@ -26,8 +26,7 @@ def settings_of(cfg: DictConfig) -> RunSettings:
     for key in map(str, cfg):
         if key not in names and key not in GROUP_KEYS:
             raise ConfigError(
-                f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))}"
-                f" Run settings: {', '.join(names)}."
+                f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))} Run settings: {', '.join(names)}."
             )
     return validate(RunSettings, {k: cfg[k] for k in names if k in cfg}, "")
 

@@ -250,6 +250,7 @@ class _Checker(ast.NodeTransformer):
     def __init__(self, text: str, where: str, names: Collection[str]) -> None:
         self.text, self.where, self.names = text, where, tuple(names)
         self.used: set[str] = set()
+        self.module_reads: set[str] = set()
         self.depth = 0
 
     def refuse(self, node: ast.AST, reason: str) -> ConfigError:
@@ -367,6 +368,8 @@ class _Checker(ast.NodeTransformer):
 
     def visit_Attribute(self, node: ast.Attribute) -> Any:
         self.check_attribute_name(node)
+        if isinstance(node.value, ast.Name) and node.value.id == "module":
+            self.module_reads.add(node.attr)
         if node.attr not in TENSOR_ATTRIBUTES and not _on_module(node.value):
             raise self.refuse(
                 node,
@@ -408,11 +411,14 @@ class Expr:
     >>> y = scale(x=tensor, module=layer)  # doctest: +SKIP
     """
 
-    __slots__ = ("text", "where", "names_used", "_names", "_code", "_derive_x", "_reads_module")
+    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_code", "_derive_x", "_reads_module")
 
-    def __init__(self, text: str, where: str, names: Collection[str], used: frozenset[str], code: Any) -> None:
+    def __init__(
+        self, text: str, where: str, names: Collection[str], used: frozenset[str], code: Any, reads: frozenset[str]
+    ) -> None:
         self.text, self.where, self._names = text, where, tuple(names)
         self.names_used = used
+        self.module_reads = reads  # names read as module.NAME, so a plan can check each module has them
         self._code = code
         self._derive_x = "x" in used
         self._reads_module = "module" in used
@@ -477,7 +483,8 @@ def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:
     text = _check_size(text, where)
     checker = _Checker(text, where, names)
     tree = ast.fix_missing_locations(checker.visit(_parse(text, text, where)))
-    return Expr(text, where, names, frozenset(checker.used), compile(tree, "<expr>", "eval"))
+    code = compile(tree, "<expr>", "eval")
+    return Expr(text, where, names, frozenset(checker.used), code, frozenset(checker.module_reads))
 
 
 def _literal_index_part(node: ast.expr) -> Any:

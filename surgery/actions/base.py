@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
+from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError, did_you_mean
 from surgery.ledger import Ledger
 from surgery.registry import Registry
 from surgery.select import Target, closest_names, compile_globs, select_params
@@ -147,6 +147,23 @@ def check_grad_hooks(found: list[tuple[Target, str, TensorSpec]], ctx: BindConte
             raise ConfigError(
                 f"{ctx.where}.param: {full_name(target, name)} does not have requires_grad (frozen by the model or an"
                 " earlier action), so no gradient hook can be registered on it; unfreeze it first or leave it out"
+            )
+
+
+def check_module_reads(reads: frozenset[str], targets: list[Target], ctx: BindContext, key: str) -> None:
+    """Every ``module.NAME`` an expression reads must exist on each selected module (or be added before)."""
+    for target in targets:
+        module = target.module
+        added = ctx.added.get(id(module), {})
+        for name in sorted(reads):
+            if name in module._parameters or name in module._buffers or name in module._modules or name in added:
+                continue
+            if isinstance(module.__dict__.get(name), (int, float, bool, tuple)):
+                continue
+            readable = list(module._parameters) + list(module._buffers) + list(added)
+            raise ConfigError(
+                f"{ctx.where}.{key}: module.{name}: {target.name!r} ({type(module).__name__}) has no parameter, buffer"
+                f" or number {name!r}.{did_you_mean(name, readable)} Its tensors: {', '.join(readable) or 'none'}"
             )
 
 

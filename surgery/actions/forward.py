@@ -20,6 +20,7 @@ from surgery.actions.base import (
     Kind,
     ShapeCheck,
     Step,
+    check_module_reads,
     hook_failed,
     tensor_named,
 )
@@ -62,6 +63,7 @@ def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> list[tuple[T
     """One compute function per selected module, all checked now."""
     if cfg.expr is not None:
         expr = compile_expr(cfg.expr, f"{ctx.where}.expr", names=("x", "inputs", "output", "module"))
+        check_module_reads(expr.module_reads, targets, ctx, "expr")
         return [(t, lambda m, args, out: expr(x=args[0], inputs=args, output=out, module=m)) for t in targets]
     if cfg.fn == "identity":
         return [(t, lambda m, args, out: args[0]) for t in targets]

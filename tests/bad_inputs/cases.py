@@ -179,9 +179,7 @@ CASES: list[Case] = [
     act("linear_without_weight", "fn", ("'linear' needs a weight", "ReLU"),
         {"kind": "replace_forward", "type": "ReLU", "fn": "linear"}),
     act("expr_module_attr_missing", "expr", ("'W'", "weight"),
-        {"kind": "replace_forward", "select": "classifier.1", "expr": "x @ module.W.T"},
-        xfail="an expr reading module.W on a Linear (no W) passes the plan and fails only when the model runs;"
-        " the plan could check module.NAME against each selected module"),
+        {"kind": "replace_forward", "select": "classifier.1", "expr": "x @ module.W.T"}),
     run("grad_hook_on_frozen", "actions.a.param", ("block1.conv.weight", "requires_grad"), *CNN,
         "+actions.f={kind:freeze,select:block1.conv}", "+actions.a={kind:capture_grad,select:block1.conv,param:weight}"),
     act("name_taken", "name", ("already has an attribute 'bias'",),
