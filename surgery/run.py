@@ -16,7 +16,7 @@ from torch import nn
 from surgery.build import build_model, module_table, resolve_device, seed_everything, settings_of
 from surgery.compiler import Plan, compile_plan, load_actions
 from surgery.engine import Surgery, apply_plan, hooks_on
-from surgery.errors import ConfigError, SurgeryError
+from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.inputs import batch_count, loss_of, make_inputs
 from surgery.io import read_tensors, write_json, write_tensors
 from surgery.report import difference, environment, fingerprint, first_tensor, flatten_captures, stats
@@ -193,13 +193,35 @@ def unmodified_forward(job: Job) -> Any:
         raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
 
 
+def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...]) -> Any:
+    """The surgered model on one batch; failing outside our hooks means the surgery broke it: bad config."""
+    try:
+        return forward(job.model, inputs, job.settings, job.input_spec.get("target"))
+    except SurgeryError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        changes = [
+            f"{s.name} on {', '.join(t.name for t in s.targets[:3])}{' …' if len(s.targets) > 3 else ''}"
+            for s in job.plan.steps
+            if s.enabled and s.kind not in OBSERVING_KINDS
+        ]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ActionError(
+            f"the model fails after the surgery ({'; '.join(changes) or 'no changing action'}):"
+            f" {type(e).__name__}: {first}"
+        ) from e
+
+
+OBSERVING_KINDS = frozenset({"capture", "capture_grad", "log"})
+
+
 def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str]:
     """Every batch through the surgered model, streaming disk captures after each; batch 0's output."""
     clock = time.perf_counter()
     first: Any = None
     prints = []
     for batch in progress(range(job.batches), "batches"):
-        output = forward(job.model, job.batch_inputs(batch), job.settings, job.input_spec.get("target"))
+        output = surgered_forward(job, job.batch_inputs(batch))
         first = output if batch == 0 else first
         prints.append(fingerprint(output))
         surgery.flush(out_dir / "captures")

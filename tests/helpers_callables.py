@@ -22,16 +22,15 @@ def scale(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return tensor * factor
 
 
-class FailsSecondTime(torch.nn.Module):
-    """A model whose second forward fails: the surgered run after the original one, an internal failure."""
+class BrokenZeroGrad(torch.nn.Module):
+    """A model whose zero_grad fails: the runner calls it between runs, so this stands for an internal failure."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(2, 2)
-        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if self.calls == 2:
-            raise ZeroDivisionError("a bug that is not the user's")
         return self.lin(x)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        raise ZeroDivisionError("a bug that is not the user's")

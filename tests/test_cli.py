@@ -249,7 +249,7 @@ def test_shipped_recipes_run_no_code_they_name(actions: str) -> None:
 
 def test_an_internal_failure_exits_1_with_a_traceback(tmp_path: Path) -> None:
     result = cli(
-        "+model=mlp", "model._target_=tests.helpers_callables.FailsSecondTime", "~model.in_features", "~model.hidden",
+        "+model=mlp", "model._target_=tests.helpers_callables.BrokenZeroGrad", "~model.in_features", "~model.hidden",
         "~model.depth", "~model.out_features", "~model.activation", "model.input.shape=[1,2]", "+actions=init_ones",
         f"hydra.run.dir={tmp_path / 'run'}", cwd=REPO,
     )  # fmt: skip

@@ -181,7 +181,8 @@ CASES: list[Case] = [
     act("expr_module_attr_missing", "expr", ("'W'", "weight"),
         {"kind": "replace_forward", "select": "classifier.1", "expr": "x @ module.W.T"}),
     run("grad_hook_on_frozen", "actions.a.param", ("block1.conv.weight", "requires_grad"), *CNN,
-        "+actions.f={kind:freeze,select:block1.conv}", "+actions.a={kind:capture_grad,select:block1.conv,param:weight}"),
+        "+actions.f={kind:freeze,select:block1.conv}",
+        "+actions.a={kind:capture_grad,select:block1.conv,param:weight}"),
     act("name_taken", "name", ("already has an attribute 'bias'",),
         {"kind": "add_parameter", "select": "classifier.1", "name": "bias", "shape": [10]}),
     act("name_not_identifier", "name", ("not a public Python identifier",),
@@ -360,11 +361,7 @@ CASES: list[Case] = [
     run("input_count_wrong", "input", ("fails on this input before any surgery", "'x2'"), "+model=functions",
         "+actions=add_five", "model.input.shapes=[[2,1]]"),
     run("expr_changes_shape", "", ("RuntimeError", "block1.act"), *CNN,
-        "+actions.a={kind:replace_forward,select:block1.act,expr:'x.sum()'}", error=SurgeryError, at="forward",
-        xfail="a replace_forward whose result no longer fits the next module (expr: x.sum()) makes the run fail"
-        " with torch's bare RuntimeError outside any hook, reported as an internal failure (exit 1 and 'please"
-        " report it'); a model that fails only after the surgery is a bad config: it should be a SurgeryError"
-        " (exit 2) saying the surgered model failed and naming the actions (here a, on block1.act)"),
+        "+actions.a={kind:replace_forward,select:block1.act,expr:'x.sum()'}", error=SurgeryError, at="forward"),
     run("loss_needs_target", "loss", ("needs a class index", "input.target"), *CNN, "+actions=linearize",
         "backward=true", "loss=cross_entropy", "model.input.target=null"),
     run("target_out_of_range", "input.target", ("class 12 does not fit an output of shape [2, 10]",), *CNN,
