@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -74,6 +75,8 @@ class Surgery:
             raise ActionError("load_state_dict: this surgery was removed; apply it again first")
         tensors = self.model.state_dict(keep_vars=True)
         old = {k: t.detach().clone() for k, t in tensors.items()}
+        for tensor in tensors.values():
+            self._ledger.touch(("value", id(tensor)))
         self._ledger.add_undo(partial(_copy_back, tensors, old))
         return self.model.load_state_dict(state, strict=strict)
 
@@ -81,7 +84,18 @@ class Surgery:
         """Remove every hook, delete added tensors, restore changed ones; safe to call twice."""
         if not self.active:
             return
+        refs = _ACTIVE.get(self.model, [])
+        stack = [s for s in (ref() for ref in refs) if s is not None and s.active]
+        later = stack[stack.index(self) + 1 :] if self in stack else []
+        clash = [s for s in later if s._ledger.touched & self._ledger.touched]
+        if clash:
+            raise ActionError(
+                f"remove the later surgery first ({', '.join(st.name for st in clash[-1].plan.steps)}): it changed"
+                " the same tensors or modules after this one, so removing this one first could not restore the"
+                " model exactly; remove surgeries in reverse order"
+            )
         self.active = False
+        refs[:] = [ref for ref in refs if ref() is not None and ref() is not self]
         warn_if_compiled(self.model, "removed")
         errors = self._ledger.rollback()
         if errors:
@@ -139,7 +153,13 @@ def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surge
             raise ActionError(
                 f"actions.{step.name}: failed on {where!r}: {type(e).__name__}: {e}. Nothing was changed."
             ) from e
-    return Surgery(model, plan, ledger)
+    surgery = Surgery(model, plan, ledger)
+    _ACTIVE.setdefault(model, []).append(weakref.ref(surgery))
+    return surgery
+
+
+# surgeries applied per model, oldest first (weakly held), so remove() can refuse an order it cannot undo exactly
+_ACTIVE: weakref.WeakKeyDictionary[nn.Module, list[weakref.ref[Surgery]]] = weakref.WeakKeyDictionary()
 
 
 HOOK_DICTS = (

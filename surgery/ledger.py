@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TypeVar
 
 from torch.utils.hooks import RemovableHandle
@@ -19,6 +19,7 @@ class Ledger:
         self._undo: list[Callable[[], object]] = []
         self.hook_count: dict[str, int] = {}
         self.captures: dict[str, dict[str, Record]] = {}
+        self.touched: set[Hashable] = set()  # tensors, flags and module slots whose old state undo restores
         self.streamed: set[str] = set()  # capture actions written to disk batch by batch
         self.plotted: set[str] = set()  # capture actions whose records are plotted
         self.action = ""
@@ -39,6 +40,10 @@ class Ledger:
     def add_undo(self, undo: Callable[[], object]) -> None:
         """Own an undo callable for a change made outside hooks (a weight, a new parameter)."""
         self._undo.append(undo)
+
+    def touch(self, state: Hashable) -> None:
+        """Note a piece of model state (a tensor's values, a flag, a module slot) this surgery changes."""
+        self.touched.add(state)
 
     def record(self, action: str, key: str, reduce: str = "none") -> Record:
         """The capture record for (action, key), created on first use."""

@@ -9,12 +9,10 @@ plain torch, and any sequence of surgeries comes off without a trace.
 (c) random plans from a pool of valid actions on TinyNet, applied and removed, nested
     (apply A, apply B, remove B, remove A), and removed out of order (remove A, then B).
 
-Out-of-order removal (found here, see ``test_out_of_order_removal_...``): when A and B change
-different things, removing A first restores the model exactly; when they change the same
-tensor, flag or module slot, each undo puts back what *it* saw, so removing A then B leaves
-B's "before" state, which is A's change (init: A's weights stay; freeze then unfreeze: the flag
-stays False; replace_module twice: A's new module stays). Nothing says so. Those tests are
-strict xfails: removing out of order should either restore exactly or refuse.
+Out-of-order removal: when A and B change different things, removing A first restores the
+model exactly; when they change the same tensor, flag or module slot, removing A first is
+refused with an ActionError (each undo puts back what *it* saw, so it could not restore
+exactly), and removing B then A does.
 """
 
 from __future__ import annotations
@@ -408,11 +406,6 @@ OVERLAPPING = {
 }  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="removing A before B when both changed the same tensor/flag/module slot silently leaves A's change"
-    " (each undo restores what it saw when applied); it should restore exactly or refuse with an ActionError",
-)
 @pytest.mark.parametrize("case", sorted(OVERLAPPING))
 def test_out_of_order_removal_of_overlapping_surgeries_restores_or_refuses(case: str) -> None:
     model = fresh()

@@ -105,6 +105,7 @@ class Init(Kind):
                     ledger.where = f"{names[id(module)]}.{pname}"
                     tensor = tensor_named(module, pname)
                     old = tensor.detach().clone()
+                    ledger.touch(("value", id(tensor)))
                     ledger.add_undo(partial(_restore, tensor, old))
                     if tensor.device not in generators:
                         generators[tensor.device] = generator_for(seed, action, tensor.device)

@@ -66,6 +66,7 @@ class ReplaceModule(Kind):
                 for name, attr, old, new in by_parent.get(id(module), ()):
                     ledger.where = name
                     setattr(module, attr, new)
+                    ledger.touch(("child", id(module), attr))
                     ledger.add_undo(partial(setattr, module, attr, old))
 
             root.apply(visit)

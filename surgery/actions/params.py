@@ -82,6 +82,7 @@ class AddTensor(Kind):
                 tensor = torch.empty(shape, dtype=dtype, device=device)
                 fill_(tensor, cfg.init, generators[device])
                 register(module, cfg, tensor)
+                ledger.touch(("attr", id(module), cfg.name))
                 ledger.add_undo(partial(delattr, module, cfg.name))
 
             with torch.no_grad():
@@ -158,6 +159,7 @@ class SetRequiresGrad(Kind):
                     tensor = tensor_named(module, pname)
                     old = tensor.requires_grad
                     tensor.requires_grad_(flag)
+                    ledger.touch(("requires_grad", id(tensor)))
                     ledger.add_undo(partial(tensor.requires_grad_, old))
 
             root.apply(visit)
