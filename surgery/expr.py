@@ -203,6 +203,19 @@ def _loaded_module(name: str, globals: Any = None, locals: Any = None, fromlist:
     return sys.modules[name] if fromlist else sys.modules[name.partition(".")[0]]
 
 
+_UNTRACED: list[Callable[..., Any]] = []
+
+
+def _untraced() -> Callable[..., Any]:
+    """``call(fn, env)`` kept out of torch.compile's tracing (a graph break), for the read-only module view.
+
+    Made on first use so that importing surgery does not import Dynamo.
+    """
+    if not _UNTRACED:
+        _UNTRACED.append(torch.compiler.disable(lambda fn, env: fn(**env)))
+    return _UNTRACED[0]
+
+
 def _not_the_modules_own(result: torch.Tensor, view: Any) -> torch.Tensor:
     """A copy when ``result`` shares storage with the module's tensors, so the model cannot write into them."""
     ptr = result.untyped_storage().data_ptr()
@@ -430,15 +443,14 @@ class Expr:
             env["module"] = ModuleView(module)
         if self._derive_x and "x" not in env and "inputs" in env:
             env["x"] = env["inputs"][0]
+        if not self.names_used <= env.keys():
+            missing = sorted(self.names_used - env.keys())[0]
+            raise ActionError(f"{self.where}: '{self.text}' uses {missing!r}, which this hook does not provide")
         try:
-            result = eval(self._code, _GLOBALS, env)  # checked and rewritten by _Checker
-            if self._reads_module and isinstance(result, torch.Tensor):
-                return _not_the_modules_own(result, env["module"])
-            return result
-        except NameError as error:
-            raise ActionError(
-                f"{self.where}: '{self.text}' uses {error.name!r}, which this hook does not provide"
-            ) from None
+            if not self._reads_module:
+                return self._code(**env)  # a plain function: torch.compile traces it without a graph break
+            result = _untraced()(self._code, env)
+            return _not_the_modules_own(result, env["module"]) if isinstance(result, torch.Tensor) else result
         except Exception as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ActionError(f"{self.where}: '{_shorten(self.text)}' failed: {first}") from error
@@ -482,9 +494,14 @@ def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:
     """
     text = _check_size(text, where)
     checker = _Checker(text, where, names)
-    tree = ast.fix_missing_locations(checker.visit(_parse(text, text, where)))
-    code = compile(tree, "<expr>", "eval")
-    return Expr(text, where, names, frozenset(checker.used), code, frozenset(checker.module_reads))
+    body = checker.visit(_parse(text, text, where)).body
+    params = [ast.arg(name) for name in NAMES]
+    signature = ast.arguments(
+        posonlyargs=[], args=[], kwonlyargs=params, kw_defaults=[ast.Constant(None) for _ in params], defaults=[]
+    )
+    tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(signature, body)))
+    function = eval(compile(tree, "<expr>", "eval"), _GLOBALS)  # a lambda around the checked, rewritten AST only
+    return Expr(text, where, names, frozenset(checker.used), function, frozenset(checker.module_reads))
 
 
 def _literal_index_part(node: ast.expr) -> Any:

@@ -148,3 +148,15 @@ def test_no_warning_on_a_plain_model(tiny: TinyNet, recwarn: pytest.WarningsReco
     with surgery.apply(tiny, "linearize"):
         pass
     assert not [w for w in recwarn if "torch.compile" in str(w.message)]
+
+
+@pytest.mark.parametrize("expr", ["x * 2 + 1", "x * module.weight + module.bias"])
+def test_expressions_under_torch_compile_equal_eager(expr: str) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    with surgery.apply(model, {"r": {"kind": "replace_forward", "type": "LayerNorm", "expr": expr}}):
+        eager = model(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager")(x)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager)
