@@ -10,7 +10,7 @@ import torch
 from surgery.errors import SurgeryError
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One forward or backward call as seen by a hook; fields not captured stay None."""
 

@@ -43,14 +43,23 @@ class Capture(Kind):
                     ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
                     continue
                 calls = record.calls
+                if not want_input:  # the common case, kept as cheap as a hand-written hook
+
+                    def output_hook(
+                        m: nn.Module, args: tuple[Any, ...], output: Any, calls: list[Call] = calls
+                    ) -> None:
+                        calls.append(Call(output=output.detach() if type(output) is torch.Tensor else detached(output)))
+
+                    ledger.add_handle(target.module.register_forward_hook(output_hook))
+                    continue
 
                 def hook(
                     m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, calls: list[Call] = calls
                 ) -> None:
                     calls.append(
                         Call(
-                            input=detached(args) if want_input else None,
-                            kwargs=detached(kwargs) if want_input and kwargs else None,
+                            input=detached(args),
+                            kwargs=detached(kwargs) if kwargs else None,
                             output=detached(output) if want_output else None,
                         )
                     )

@@ -183,6 +183,8 @@ class ModifyOutput(Kind):
 
                 def hook(m: nn.Module, args: tuple[Any, ...], output: Any, name: str = name) -> Any:
                     try:
+                        if type(output) is torch.Tensor:  # the common case: no container to pick from
+                            return op(output, m)
                         return replace_item(output, item, op(get_item(output, item), m))
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
