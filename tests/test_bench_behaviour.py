@@ -61,8 +61,16 @@ def test_the_plan_baseline_matches_what_surgery_selects() -> None:
     assert bench_plan.plan_counts(model) == bench_plan.baseline(model)
 
 
-BUILT_IN = [name for name in bench_compile.CASES if not name.startswith("expr") and "noise" not in name]
-EXPRESSIONS = [name for name in bench_compile.CASES if name.startswith("expr")]
+BUILT_IN = [  # one per mechanism: output hook, sliced op, pre-hook, replaced forward (two ways), capture
+    "modify_output add",
+    "modify_output zero + index",
+    "modify_input mul",
+    "replace_forward identity",
+    "replace_forward linear",
+    "capture (one call)",
+]
+EXPRESSIONS = ["expr: modify_output", "expr: replace_forward x"]
+READS_MODULE = "expr: replace_forward module"
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -73,8 +81,18 @@ def test_built_in_ops_compile_without_graph_breaks(name: str) -> None:
     assert result["equal_to_eager"]
 
 
-@pytest.mark.xfail(reason="Expr.__call__ runs eval(), which Dynamo cannot trace: see BENCHMARKS.md", strict=False)
-@pytest.mark.parametrize("name", EXPRESSIONS)
+@pytest.mark.parametrize(
+    "name",
+    [
+        *EXPRESSIONS,
+        pytest.param(
+            READS_MODULE,
+            marks=pytest.mark.xfail(
+                reason="reading module.NAME goes through torch.compiler.disable and a data_ptr() check", strict=False
+            ),
+        ),
+    ],
+)
 def test_expressions_compile_without_graph_breaks(name: str) -> None:
     model, x = bench_compile.make_model(8, 2)
     result = bench_compile.explain_case(bench_compile.CASES[name], model, x)
@@ -82,13 +100,11 @@ def test_expressions_compile_without_graph_breaks(name: str) -> None:
     assert result["graph_breaks"] == 0, result["reasons"]
 
 
-def test_a_surgery_after_compiling_leaves_the_compiled_model_unchanged() -> None:
-    """What bench_compile demonstrates: torch keeps the graph compiled before the hooks were added."""
+def test_the_after_compile_demonstration_applies_and_removes_cleanly() -> None:
+    """bench_compile's demonstration really applies the surgery (the eager model changes) and leaves no hook."""
     model, x = bench_compile.make_model(8, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = bench_compile.surgery_after_compile(model, x)
-    for row in result.values():
-        assert row["eager_model_changed"]
-        assert not row["compiled_output_changed"]
+    assert result["inner model"]["eager_model_changed"]
     assert hooks_on(model) == 0

@@ -1,0 +1,193 @@
+"""Plan compile time on models of 1k, 10k and 100k modules built on the meta device.
+
+Five glob/type actions of kinds that bind without touching weights (capture, log,
+modify_output) are compiled with ``surgery.plan``; the baseline matches the same five
+patterns by hand: one ``named_modules()`` walk, then one compiled regex per pattern over
+every module. Each tree is built once (GC disabled while building); ``gc.freeze()`` then moves
+its objects out of the collector's reach, so a collection of the tree never lands inside a timing.
+
+    python scripts/bench_plan.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from bench_common import machine, write_json
+from torch import nn
+
+import surgery
+
+TARGET_S = 0.5  # surgery.plan at 100k modules
+ACTIONS = {
+    "qk": {"kind": "capture", "select": "layers.*.attn.[qk]"},
+    "norms": {"kind": "modify_output", "type": "LayerNorm", "op": "mul", "value": 1.0},
+    "fc2": {"kind": "capture", "select": "**.mlp.fc2"},
+    "acts": {"kind": "log", "type": "GELU"},
+    "blocks": {"kind": "modify_output", "select": "layers.*", "exclude": "layers.1*", "op": "add", "value": 0.0},
+}
+# The same five selections as plain regexes: (on the name or on the class name, pattern, exclude pattern)
+BASELINE = [
+    ("name", r"layers\.[^.]*\.attn\.[qk]", None),
+    ("type", r"LayerNorm", None),
+    ("name", r"(?:[^.]+\.)*mlp\.fc2", None),
+    ("type", r"GELU", None),
+    ("name", r"layers\.[^.]*", r"layers\.1[^.]*"),
+]
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
+
+
+class Block(nn.Module):
+    """12 modules: itself, two LayerNorms, attention (q, k, v, o) and an MLP (fc1, act, fc2)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.mlp = nn.LayerNorm(d), Attention(d), nn.LayerNorm(d), FeedForward(d)
+
+
+class Stack(nn.Module):
+    """``layers.0..n-1`` of ``Block``: 12 n + 2 modules."""
+
+    def __init__(self, blocks: int, d: int = 64) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(d) for _ in range(blocks))
+
+
+def build(modules: int) -> tuple[nn.Module, float]:
+    """A meta-device Stack of about ``modules`` modules, and the CPU seconds it took to build."""
+    start = time.process_time()
+    gc.disable()  # 100k modules are a million objects: collections during the build only cost time
+    try:
+        with torch.device("meta"):
+            model = Stack(max(1, round((modules - 2) / 12)))
+    finally:
+        gc.enable()
+    return model, time.process_time() - start
+
+
+def baseline(model: nn.Module) -> list[int]:
+    """Hand-written matching: one walk, one regex per pattern per module."""
+    named = list(model.named_modules())
+    counts = []
+    for on, pattern, exclude in BASELINE:
+        match = re.compile(pattern).fullmatch
+        drop = re.compile(exclude).fullmatch if exclude else None
+        if on == "name":
+            hits = [m for n, m in named if match(n) and not (drop and drop(n))]
+        else:
+            hits = [m for _, m in named if match(type(m).__name__)]
+        counts.append(len(hits))
+    return counts
+
+
+def plan_counts(model: nn.Module) -> list[int]:
+    plan = surgery.plan(model, ACTIONS)
+    return [len(step.targets) for step in plan.steps]
+
+
+def breakdown(model: nn.Module) -> dict[str, float]:
+    """Where ``surgery.plan`` spends its time: the module walk, the targets, the plan warnings (internal names;
+    a part whose function no longer exists is left out)."""
+    from surgery import compiler, select
+
+    plan = surgery.plan(model, ACTIONS)
+    targets = select.module_targets(model)
+    parts: dict[str, Callable[[], Any]] = {
+        "named_modules() walk": lambda: list(model.named_modules()),
+        "module_targets (walk + one Target per module)": lambda: select.module_targets(model),
+    }
+    warnings = [getattr(compiler, name, None) for name in ("overlap_warnings", "partial_structure_warnings")]
+    if all(callable(w) for w in warnings):
+        overlap, partial = warnings
+        parts["plan warnings"] = lambda: (overlap(plan.steps), partial(plan.steps, targets))  # type: ignore[misc]
+    return {name: timed(fn, 3)[0] for name, fn in parts.items()}
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Median CPU seconds of ``fn`` over ``repeat`` calls, and its last result."""
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.process_time()
+        result = fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times), result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1k and 10k modules only")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    surgery.plan(build(100)[0], ACTIONS)  # warm imports and caches outside the timings
+    rows = []
+    parts: dict[str, float] = {}
+    for size in sizes:
+        model, build_s = build(size)
+        gc.collect()
+        gc.freeze()
+        count = sum(1 for _ in model.modules())
+        repeat = 3 if size >= 100_000 else 7
+        plan_s, got = timed(lambda m=model: plan_counts(m), repeat)
+        base_s, want = timed(lambda m=model: baseline(m), repeat)
+        if got != want:
+            raise AssertionError(f"{count} modules: surgery.plan matched {got}, the regex baseline {want}")
+        rows.append(
+            {
+                "modules": count,
+                "build_s": build_s,
+                "plan_s": plan_s,
+                "baseline_s": base_s,
+                "ratio": plan_s / base_s,
+                "plan_us_per_module": plan_s / count * 1e6,
+                "matched": got,
+            }
+        )
+        print(
+            f"{count:>7} modules: build {build_s:6.2f} s  plan {plan_s:.3f} s  baseline {base_s:.3f} s"
+            f"  plan/baseline {plan_s / base_s:.2f}  {plan_s / count * 1e6:.2f} µs/module",
+            flush=True,
+        )
+        if size == sizes[-1]:
+            parts = breakdown(model)
+            print("  " + "; ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()), flush=True)
+        del model
+        gc.unfreeze()
+        gc.collect()
+    largest = rows[-1]
+    result = {
+        "machine": machine(),
+        "gc": "disabled while a tree is built, then `gc.freeze()` moves the tree out of the collector's"
+        " generations; collections stay enabled during the timings",
+        "actions": ACTIONS,
+        "target_s": TARGET_S,
+        "rows": rows,
+        "met": largest["modules"] >= 100_000 and largest["plan_s"] <= TARGET_S,
+        "growth_10x": [b["plan_s"] / a["plan_s"] for a, b in zip(rows, rows[1:])],
+        "breakdown": {"modules": largest["modules"], **parts},
+    }
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
