@@ -59,7 +59,15 @@ class Plan:
     seed: int = 0
     strict: bool = True
     safe: bool = False
-    warnings: list[str] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list, repr=False)  # every module, after replacements
+    _warnings: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def warnings(self) -> list[str]:
+        """Overlaps and partly matched repeated structures; worked out when first read (big models)."""
+        if self._warnings is None:
+            self._warnings = overlap_warnings(self.steps) + partial_structure_warnings(self.steps, self.targets)
+        return self._warnings
 
     def to_dict(self) -> list[dict[str, Any]]:
         """Per action: kind, mechanism, enabled, matched names (canonical and real), tensors."""
@@ -138,7 +146,7 @@ def compile_plan(
         plan.steps.append(step)
         if step.replaced:
             targets = _with_replacements(targets, step.replaced)
-    plan.warnings = overlap_warnings(plan.steps) + partial_structure_warnings(plan.steps, targets)
+    plan.targets = targets
     if example_inputs is not None:
         from surgery.probe import check_before_apply
 
