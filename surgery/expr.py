@@ -438,9 +438,10 @@ class Expr:
 
     def __call__(self, **env: Any) -> Any:
         """Evaluate with ``x``, ``inputs``, ``output``, ``grad``, ``module`` as given by the hook."""
-        module = env.get("module")
-        if module is not None and type(module) is not ModuleView:
-            env["module"] = ModuleView(module)
+        if self._reads_module:  # the view costs a call; most expressions never read the module
+            module = env.get("module")
+            if module is not None and type(module) is not ModuleView:
+                env["module"] = ModuleView(module)
         if self._derive_x and "x" not in env and "inputs" in env:
             env["x"] = env["inputs"][0]
         if not self.names_used <= env.keys():
