@@ -268,7 +268,7 @@ REFUSED = [
     (
         "names and attributes starting with `_`",
         ["x.__class__.__mro__", "module._modules", "__import__('os')"],
-        "dunder walks are the classic way out of a Python sandbox, and `_` fields bypass the read-only view.",
+        "dunder walks are the classic way out of a Python sandbox, and `_` fields bypass the read-only reads.",
     ),
     (
         "names and functions not listed here",
@@ -486,14 +486,20 @@ def expression_places() -> list[str]:
         *table(["name", "holds"], [[f"`{name}`", VARIABLES[name]] for name in expr.NAMES]),
         "",
         "`module.NAME` reads the module's own parameters and buffers (the tensors themselves), its",
-        "submodules (as read-only views again, so `module.inner.weight` works) and its plain numbers:",
+        "submodules (read the same way, so `module.inner.weight` works) and its plain numbers:",
         "ints, floats, bools and tuples of them, such as `module.eps` or `module.normalized_shape`",
         "of a `LayerNorm`. Methods, other objects and names starting with `_` are not readable, and",
-        "nothing can be set or deleted. A name the module does not have is an error when the hook runs,",
-        "listing the names it does have.",
+        "nothing can be set or deleted. `module` is only read as `module.NAME`: alone (`relu(module)`)",
+        "it is refused, and a value that is a whole submodule (`module.inner`) is an error when the hook",
+        "runs. A name the module does not have is an error when the hook runs, listing the names it does have.",
         "",
         "When the expression's value is one of the module's own tensors or a view of one",
         "(`module.weight`, `module.weight.detach()`), it is copied, so the model can never write into it.",
+        "Whether a copy is needed is decided once, when the expression is checked, from its shape: a",
+        "value reached from `module.NAME` through indexing, `.T`/`.mT`, `+` or a method that may return a",
+        "view is copied; arithmetic and functions make new tensors and are not. So an expression runs as",
+        "one plain function in the hook and torch.compile traces it, `module.NAME` reads included,",
+        "without a graph break.",
         "",
     ]
 

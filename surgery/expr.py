@@ -6,7 +6,9 @@ variables in ``NAMES``, the functions in ``FUNCTIONS``, the tensor methods in ``
 arithmetic, comparisons, indexing and tuple/list literals. Number-only arithmetic is folded at
 check time with guards, so ``9 ** 9 ** 9`` is refused instead of hanging. Every attribute read,
 method call, ``*`` and ``**`` is rewritten into a checked helper, so at run time ``.name`` works
-only on tensors and on ``module``, a read-only ``ModuleView`` of the hooked module.
+only on tensors and on ``module`` (the hooked module: ``module.NAME`` reads its parameters,
+buffers, submodules and numbers, nothing else), and a result that may share storage with the
+module's tensors is copied, a decision made at check time.
 
 Decisions: ``a if c else b`` is refused (it breaks on tensors; use ``where(c, a, b)``);
 ``and``/``or`` and chained comparisons are refused, while ``&``, ``|``, ``^`` and ``~`` are
@@ -118,43 +120,25 @@ _FOLDS: dict[type[ast.AST], Callable[..., Any]] = {
 }  # fmt: skip
 
 
-class ModuleView:
-    """Read-only view of an ``nn.Module`` for expressions: parameters, buffers, submodules, numbers."""
-
-    __slots__ = ("_module",)
-    _module: nn.Module
-
-    def __init__(self, module: nn.Module) -> None:
-        object.__setattr__(self, "_module", module)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise ActionError(f"module is read-only inside expressions; cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise ActionError(f"module is read-only inside expressions; cannot delete {name!r}")
-
-    def __repr__(self) -> str:
-        return f"ModuleView({type(self._module).__name__})"
-
-    def read(self, name: str) -> Any:
-        """Return parameter, buffer, submodule view or plain number ``name``; else list what exists."""
-        module = self._module
-        if not name.startswith("_"):
-            if name in module._parameters:
-                return module._parameters[name]
-            if name in module._buffers:
-                return module._buffers[name]
-            if name in module._modules:
-                sub = module._modules[name]
-                return None if sub is None else ModuleView(sub)
-            if _is_plain(module.__dict__.get(name)):
-                return module.__dict__[name]
-        readable = [*module._parameters, *module._buffers, *module._modules]
-        readable += [k for k, v in module.__dict__.items() if _is_plain(v) and not k.startswith("_")]
-        raise ActionError(
-            f"{type(module).__name__} has no readable attribute {name!r}.{did_you_mean(name, readable)}"
-            f" Readable: {', '.join(sorted(readable)) or 'nothing'}."
-        )
+def _read_module(obj: Any, name: str) -> Any:
+    """Runtime check behind ``module.name``: a parameter, buffer, submodule or plain number; else list them."""
+    if not isinstance(obj, nn.Module):
+        return _read_attribute(obj, name)  # module.weight.T and the like: the tensor rules apply
+    if name in obj._parameters:
+        return obj._parameters[name]
+    if name in obj._buffers:
+        return obj._buffers[name]
+    if name in obj._modules:
+        return obj._modules[name]
+    value = obj.__dict__.get(name)
+    if _is_plain(value):
+        return value
+    readable = [*obj._parameters, *obj._buffers, *obj._modules]
+    readable += [k for k, v in obj.__dict__.items() if _is_plain(v) and not k.startswith("_")]
+    raise ActionError(
+        f"{type(obj).__name__} has no readable attribute {name!r}.{did_you_mean(name, readable)}"
+        f" Readable: {', '.join(sorted(readable)) or 'nothing'}."
+    )
 
 
 def _is_plain(value: Any) -> bool:
@@ -170,8 +154,6 @@ def _read_attribute(obj: Any, name: str) -> Any:
         if name in TENSOR_ATTRIBUTES:
             return getattr(obj, name)
         raise ActionError(f"tensors have no readable '.{name}'; readable: {', '.join(sorted(TENSOR_ATTRIBUTES))}")
-    if isinstance(obj, ModuleView):
-        return obj.read(name)
     raise ActionError(f"cannot read '.{name}' of a {type(obj).__name__}; only of tensors and module")
 
 
@@ -203,28 +185,24 @@ def _loaded_module(name: str, globals: Any = None, locals: Any = None, fromlist:
     return sys.modules[name] if fromlist else sys.modules[name.partition(".")[0]]
 
 
-_UNTRACED: list[Callable[..., Any]] = []
+def _owned(value: Any) -> Any:
+    """A copy of a value that may share storage with the module's tensors, so the model cannot write into them.
 
-
-def _untraced() -> Callable[..., Any]:
-    """``call(fn, env)`` kept out of torch.compile's tracing (a graph break), for the read-only module view.
-
-    Made on first use so that importing surgery does not import Dynamo.
+    Inserted at check time around expressions whose result can be a module tensor or a view of one.
     """
-    if not _UNTRACED:
-        _UNTRACED.append(torch.compiler.disable(lambda fn, env: fn(**env)))
-    return _UNTRACED[0]
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_owned(item) for item in value)
+    if isinstance(value, nn.Module):
+        raise ActionError(f"the result is the submodule {type(value).__name__}, not a value; read one of its tensors")
+    return value
 
 
-def _not_the_modules_own(result: torch.Tensor, view: Any) -> torch.Tensor:
-    """A copy when ``result`` shares storage with the module's tensors, so the model cannot write into them."""
-    ptr = result.untyped_storage().data_ptr()
-    if ptr:
-        module = object.__getattribute__(view, "_module")
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            if tensor.untyped_storage().data_ptr() == ptr:
-                return result.clone()
-    return result
+def _failed(error: Exception, where: str, text: str) -> ActionError:
+    """The error an expression raises: where it is configured, its text, and the first line of the cause."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ActionError(f"{where}: '{_shorten(text)}' failed: {first}")
 
 
 _GLOBALS: dict[str, Any] = {
@@ -232,6 +210,10 @@ _GLOBALS: dict[str, Any] = {
     "__builtins__": {"__import__": _loaded_module},
     **FUNCTIONS,
     "_attr": _read_attribute,
+    "_mread": _read_module,
+    "_owned": _owned,
+    "_failed": _failed,
+    "_Exception": Exception,
     "_method": _find_method,
     "_pow": _power,
     "_mul": _multiply,
@@ -299,6 +281,8 @@ class _Checker(ast.NodeTransformer):
 
     def visit_Name(self, node: ast.Name) -> Any:
         name = node.id
+        if name == "module" and name in self.names:
+            raise self.refuse(node, "module is read as module.NAME: a parameter, buffer, submodule or number")
         if name in self.names:
             self.used.add(name)
             return node
@@ -389,7 +373,11 @@ class _Checker(ast.NodeTransformer):
                 f"'.{node.attr}' cannot be read; tensors have {', '.join(sorted(TENSOR_ATTRIBUTES))}"
                 " and module.NAME reads the module's parameters, buffers and numbers",
             )
-        return _helper_call("_attr", [self.visit(node.value), ast.Constant(node.attr)], node)
+        if isinstance(node.value, ast.Name) and node.value.id == "module" and "module" in self.names:
+            self.used.add("module")
+            return _helper_call("_mread", [node.value, ast.Constant(node.attr)], node)
+        helper = "_mread" if _on_module(node.value) else "_attr"
+        return _helper_call(helper, [self.visit(node.value), ast.Constant(node.attr)], node)
 
     def visit_Call(self, node: ast.Call) -> Any:
         func = node.func
@@ -417,44 +405,104 @@ class _Checker(ast.NodeTransformer):
         return node
 
 
+# Tensor methods whose result is always a new tensor (or a number); any other may be a view of its tensor.
+_FRESH_METHODS = frozenset(
+    "mean sum amax amin max min abs exp log sqrt clamp relu sigmoid tanh softmax log_softmax norm std var"
+    " clone sign pow matmul argmax argmin square sin cos item size dim numel".split()
+)
+
+
+def _may_share_storage(node: ast.expr) -> bool:
+    """True when a checked, rewritten expression's value can be a module tensor or a view of one."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name):  # helpers and torch functions; only _mread and view attributes pass through
+            if func.id == "_mread":
+                return True
+            if func.id == "_attr" and node.args[1].value in ("T", "mT"):  # type: ignore[attr-defined]
+                return _may_share_storage(node.args[0])
+            return False
+        if isinstance(func, ast.Call) and func.args[1].value not in _FRESH_METHODS:  # type: ignore[attr-defined]
+            return _may_share_storage(func.args[0])  # _method(tensor, "view")(...)
+        return False
+    if isinstance(node, ast.Subscript):
+        return _may_share_storage(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):  # +t is t itself
+        return _may_share_storage(node.operand)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return any(_may_share_storage(element) for element in node.elts)
+    return False
+
+
+_PYTHON_312 = sys.version_info >= (3, 12)
+
+
+def _function(params: tuple[str, ...], body: list[ast.stmt]) -> ast.FunctionDef:
+    signature = ast.arguments(
+        posonlyargs=[], args=[ast.arg(name) for name in params], kwonlyargs=[], kw_defaults=[], defaults=[]
+    )
+    extra: dict[str, Any] = {"type_params": []} if _PYTHON_312 else {}
+    return ast.FunctionDef(name="expression", args=signature, body=body, decorator_list=[], returns=None, **extra)
+
+
 class Expr:
-    """A checked expression compiled once; call it with the variables it uses.
+    """A checked expression compiled once; hooks call ``bind(...)``'s plain function, tests call it by name.
 
     >>> scale = compile_expr("x * module.W + module.b", where="actions.scale.expr")
     >>> y = scale(x=tensor, module=layer)  # doctest: +SKIP
+    >>> hook_fn = scale.bind("module", "inputs", "output")  # x is inputs[0]  # doctest: +SKIP
     """
 
-    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_code", "_derive_x", "_reads_module")
+    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_bound")
 
     def __init__(
-        self, text: str, where: str, names: Collection[str], used: frozenset[str], code: Any, reads: frozenset[str]
+        self, text: str, where: str, names: Collection[str], used: frozenset[str], body: ast.expr, reads: frozenset[str]
     ) -> None:
         self.text, self.where, self._names = text, where, tuple(names)
         self.names_used = used
         self.module_reads = reads  # names read as module.NAME, so a plan can check each module has them
-        self._code = code
-        self._derive_x = "x" in used
-        self._reads_module = "module" in used
+        self._body = body
+        self._owns = _may_share_storage(body)  # copy the result: it may be the module's own tensor
+        self._bound: dict[tuple[str, ...], Callable[..., Any]] = {}
+
+    def bind(self, *params: str) -> Callable[..., Any]:
+        """A plain function of ``params`` (positional) for a hook's hot path; ``x`` defaults to ``inputs[0]``."""
+        function = self._bound.get(params)
+        if function is None:
+            function = self._bound[params] = self._build(params)
+        return function
+
+    def _build(self, params: tuple[str, ...]) -> Callable[..., Any]:
+        derive_x = "x" in self.names_used and "x" not in params
+        missing = self.names_used - set(params) - ({"x"} if derive_x and "inputs" in params else set())
+        if missing or not set(params) <= set(NAMES):
+            raise ValueError(f"{self.where}: cannot bind {params} for '{self.text}' (uses {sorted(self.names_used)})")
+        statements: list[ast.stmt] = []
+        if derive_x:
+            first = ast.Subscript(ast.Name("inputs", ast.Load()), ast.Constant(0), ast.Load())
+            statements.append(ast.Assign([ast.Name("x", ast.Store())], first))
+        value = _helper_call("_owned", [self._body], self._body) if self._owns else self._body
+        statements.append(ast.Return(value))
+        failed = ast.Call(ast.Name("_failed", ast.Load()), [ast.Name("_error", ast.Load()), ast.Constant(self.where),
+                          ast.Constant(self.text)], [])  # fmt: skip
+        handler = ast.ExceptHandler(ast.Name("_Exception", ast.Load()), "_error",
+                                    [ast.Raise(failed, ast.Name("_error", ast.Load()))])  # fmt: skip
+        guarded = ast.Try(body=statements, handlers=[handler], orelse=[], finalbody=[])
+        tree = ast.fix_missing_locations(ast.Module([_function(params, [guarded])], type_ignores=[]))
+        namespace = dict(_GLOBALS)
+        exec(compile(tree, "<expr>", "exec"), namespace)  # a function around the checked, rewritten AST only
+        return namespace["expression"]  # type: ignore[no-any-return]
 
     def __call__(self, **env: Any) -> Any:
-        """Evaluate with ``x``, ``inputs``, ``output``, ``grad``, ``module`` as given by the hook."""
-        if self._reads_module:  # the view costs a call; most expressions never read the module
-            module = env.get("module")
-            if module is not None and type(module) is not ModuleView:
-                env["module"] = ModuleView(module)
-        if self._derive_x and "x" not in env and "inputs" in env:
-            env["x"] = env["inputs"][0]
-        if not self.names_used <= env.keys():
-            missing = sorted(self.names_used - env.keys())[0]
-            raise ActionError(f"{self.where}: '{self.text}' uses {missing!r}, which this hook does not provide")
-        try:
-            if not self._reads_module:
-                return self._code(**env)  # a plain function: torch.compile traces it without a graph break
-            result = _untraced()(self._code, env)
-            return _not_the_modules_own(result, env["module"]) if isinstance(result, torch.Tensor) else result
-        except Exception as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ActionError(f"{self.where}: '{_shorten(self.text)}' failed: {first}") from error
+        """Evaluate with ``x``, ``inputs``, ``output``, ``grad``, ``module`` given by name."""
+        derive_x = "x" in self.names_used and "x" not in env and "inputs" in env
+        missing = self.names_used - env.keys() - ({"x"} if derive_x else set())
+        if missing:
+            first = sorted(missing)[0]
+            raise ActionError(f"{self.where}: '{self.text}' uses {first!r}, which this hook does not provide")
+        wanted = self.names_used - {"x"} | {"inputs"} if derive_x else self.names_used
+        params = tuple(name for name in NAMES if name in wanted)
+        return self.bind(*params)(*(env[name] for name in params))
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"
@@ -496,13 +544,7 @@ def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:
     text = _check_size(text, where)
     checker = _Checker(text, where, names)
     body = checker.visit(_parse(text, text, where)).body
-    params = [ast.arg(name) for name in NAMES]
-    signature = ast.arguments(
-        posonlyargs=[], args=[], kwonlyargs=params, kw_defaults=[ast.Constant(None) for _ in params], defaults=[]
-    )
-    tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(signature, body)))
-    function = eval(compile(tree, "<expr>", "eval"), _GLOBALS)  # a lambda around the checked, rewritten AST only
-    return Expr(text, where, names, frozenset(checker.used), function, frozenset(checker.module_reads))
+    return Expr(text, where, names, frozenset(checker.used), body, frozenset(checker.module_reads))
 
 
 def _literal_index_part(node: ast.expr) -> Any:

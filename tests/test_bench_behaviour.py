@@ -81,18 +81,7 @@ def test_built_in_ops_compile_without_graph_breaks(name: str) -> None:
     assert result["equal_to_eager"]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        *EXPRESSIONS,
-        pytest.param(
-            READS_MODULE,
-            marks=pytest.mark.xfail(
-                reason="reading module.NAME goes through torch.compiler.disable and a data_ptr() check", strict=False
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("name", [*EXPRESSIONS, READS_MODULE])
 def test_expressions_compile_without_graph_breaks(name: str) -> None:
     model, x = bench_compile.make_model(8, 2)
     result = bench_compile.explain_case(bench_compile.CASES[name], model, x)

@@ -22,7 +22,6 @@ from surgery.expr import (
     NAMES,
     TENSOR_ATTRIBUTES,
     TENSOR_METHODS,
-    ModuleView,
     compile_expr,
     compile_index,
 )
@@ -242,6 +241,10 @@ REFUSED = [
     ("module.register_forward_hook(print)", "module.register_forward_hook(print)"),
     ("module.apply(relu)", "module.apply(relu)"),
     ("module.state_dict()", "module.state_dict()"),
+    ("module.sum()", "module"),
+    ("module", "module"),
+    ("relu(module)", "module"),
+    ("(module, x)[0].weight", "(module, x)[0].weight"),
     ("(1).real", "(1).real"),
     ("inputs.count", "inputs.count"),
     ("inputs.index(x)", "inputs.index(x)"),
@@ -319,7 +322,9 @@ RUNTIME_REFUSED = [
     ("module.weight.data", "linear", "tensors have no readable '.data'"),
     ("module.eps.real", "norm", "cannot read '.real' of a float"),
     ("module.weight.shape.count", "linear", "cannot read '.count' of a Size"),
-    ("module.sum()", "linear", "cannot call '.sum()' on a ModuleView"),
+    ("module.inner.sum()", "affine", "cannot call '.sum()' on a Linear; only on tensors"),
+    ("module.inner", "affine", "the result is the submodule Linear, not a value"),
+    ("(x, module.inner)", "affine", "the result is the submodule Linear, not a value"),
     ("x.ndim ** 100", "affine", "exponent 100 is larger than 64"),
     ("(x.numel() ** 64) ** 64", "affine", "is not a finite real number"),
     ("inputs * 3", "affine", "repeating a tuple or list"),
@@ -360,15 +365,49 @@ def test_x_defaults_to_first_input() -> None:
     torch.testing.assert_close(compile_expr("x + 1", WHERE)(inputs=(torch.zeros(2),)), torch.ones(2))
 
 
-def test_module_view_is_read_only() -> None:
-    layer = nn.Linear(2, 2)
-    view = ModuleView(layer)
-    with pytest.raises(ActionError, match="read-only"):
-        view.weight = nn.Parameter(torch.zeros(2, 2))  # type: ignore[attr-defined]
-    with pytest.raises(ActionError, match="read-only"):
-        del view.weight  # type: ignore[attr-defined]
-    assert view.read("weight") is layer.weight
-    assert isinstance(compile_expr("module", WHERE)(module=layer), ModuleView)
+def test_bare_module_is_refused_with_the_way_to_read_it() -> None:
+    with pytest.raises(ConfigError, match="module is read as module.NAME: a parameter, buffer, submodule or number"):
+        compile_expr("module", WHERE)
+
+
+def _shares_storage(value: Any, module: nn.Module) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(_shares_storage(item, module) for item in value)
+    if not isinstance(value, torch.Tensor):
+        return False
+    own = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+    return value.untyped_storage().data_ptr() in own
+
+
+MODULE_VALUES = [case for case in ACCEPTED if "module" in case[0]] + [
+    ("module.weight", "linear", None),
+    ("module.weight.T", "linear", None),
+    ("+module.weight.detach()[0]", "linear", None),
+    ("module.inner.weight.float().contiguous()", "affine", None),
+    ("(x, module.W)", "affine", None),
+    ("[module.W, module.scale][0].view(2, 2)", "affine", None),
+]
+
+
+@pytest.mark.parametrize(("text", "module", "_"), MODULE_VALUES, ids=[case[0] for case in MODULE_VALUES])
+def test_expression_value_never_shares_the_modules_storage(text: str, module: str, _: Any) -> None:
+    """The aliasing decision is made at check time; whatever it decides, no value is the module's own."""
+    env = make_env(module)
+    assert not _shares_storage(compile_expr(text, WHERE)(**env), env["module"])
+
+
+def test_values_that_cannot_alias_the_module_are_not_copied() -> None:
+    x = torch.ones(3, 2)
+    assert compile_expr("x", WHERE).bind("x")(x) is x
+    assert compile_expr("x.T", WHERE).bind("x")(x).data_ptr() == x.data_ptr()
+
+
+def test_bound_function_takes_the_hooks_arguments_in_order() -> None:
+    layer, x = nn.Linear(2, 3), torch.randn(4, 2)
+    compute = compile_expr("linear(x, module.weight, module.bias) + output", WHERE).bind("module", "inputs", "output")
+    torch.testing.assert_close(compute(layer, (x,), torch.ones(4, 3)), layer(x) + 1)
+    with pytest.raises(ActionError, match=f"{WHERE}: 'x' failed: tuple index out of range"):
+        compile_expr("x", WHERE).bind("inputs")(())
 
 
 def test_expression_pickles_by_rechecking() -> None:

@@ -78,7 +78,8 @@ def test_documented_variables_are_what_each_kind_allows(place):
     """The variables the page lists per kind are exactly those the real kind accepts in a plan."""
     allowed = []
     for name in NAMES:
-        action = yaml.safe_load(f"demo: {{kind: {place.kind}, type: Linear, {place.fields(name + ' * 1')}}}")
+        text = "module.weight * 1" if name == "module" else f"{name} * 1"
+        action = yaml.safe_load(f"demo: {{kind: {place.kind}, type: Linear, {place.fields(text)}}}")
         try:
             surgery.plan(nn.Sequential(nn.Linear(4, 4)), action)
             allowed.append(name)

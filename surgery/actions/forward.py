@@ -64,7 +64,8 @@ def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> list[tuple[T
     if cfg.expr is not None:
         expr = compile_expr(cfg.expr, f"{ctx.where}.expr", names=("x", "inputs", "output", "module"))
         check_module_reads(expr.module_reads, targets, ctx, "expr")
-        return [(t, lambda m, args, out: expr(x=args[0], inputs=args, output=out, module=m)) for t in targets]
+        compute = expr.bind("module", "inputs", "output")  # a plain function of the hook's arguments
+        return [(t, compute) for t in targets]
     if cfg.fn == "identity":
         return [(t, lambda m, args, out: args[0]) for t in targets]
     if cfg.fn == "zero":

@@ -78,7 +78,8 @@ def _elementwise(
         return lambda: _noise(std, seed, action)
     if op == "expr":
         expr = compile_expr(str(cfg.expr), f"{where}.expr", names=(var, "module"))
-        return lambda: lambda t, m: expr(**{var: t, "module": m})
+        op_fn = expr.bind(var, "module")
+        return lambda: op_fn
     if op == "fn":
         fn = resolve_callable(cfg.fn, f"{where}.fn", safe)
         return lambda: lambda t, m: fn(t)
