@@ -105,20 +105,19 @@ def plan_counts(model: nn.Module) -> list[int]:
 
 
 def breakdown(model: nn.Module) -> dict[str, float]:
-    """Where ``surgery.plan`` spends its time: the module walk, the targets, the plan warnings (internal names;
+    """Where ``surgery.plan`` spends its time: the module walk, the index, the plan warnings (internal names;
     a part whose function no longer exists is left out)."""
     from surgery import compiler, select
 
     plan = surgery.plan(model, ACTIONS)
-    targets = select.module_targets(model)
-    parts: dict[str, Callable[[], Any]] = {
-        "named_modules() walk": lambda: list(model.named_modules()),
-        "module_targets (walk + one Target per module)": lambda: select.module_targets(model),
-    }
+    parts: dict[str, Callable[[], Any]] = {"named_modules() walk": lambda: list(model.named_modules())}
+    index_of = getattr(getattr(select, "ModuleIndex", None), "of", None)
+    if callable(index_of):
+        parts["ModuleIndex.of (surgery's walk: names, modules, classes)"] = lambda: index_of(model)
     warnings = [getattr(compiler, name, None) for name in ("overlap_warnings", "partial_structure_warnings")]
-    if all(callable(w) for w in warnings):
+    if all(callable(w) for w in warnings) and plan.index is not None:
         overlap, partial = warnings
-        parts["plan warnings"] = lambda: (overlap(plan.steps), partial(plan.steps, targets))  # type: ignore[misc]
+        parts["plan warnings (when first read)"] = lambda: (overlap(plan.steps), partial(plan.steps, plan.index))  # type: ignore[misc]
     return {name: timed(fn, 3)[0] for name, fn in parts.items()}
 
 

@@ -20,7 +20,7 @@ from surgery.actions.base import BindContext, Step
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
 from surgery.paths import config_dir, group_options
 from surgery.schema import validate
-from surgery.select import Target, as_list, closest_names, module_targets, select_modules
+from surgery.select import ModuleIndex, Target, as_list, closest_names
 
 SHOWN = 6  # matched names shown per row of the plan table
 
@@ -59,15 +59,21 @@ class Plan:
     seed: int = 0
     strict: bool = True
     safe: bool = False
-    targets: list[Target] = field(default_factory=list, repr=False)  # every module, after replacements
+    index: ModuleIndex | None = field(default=None, repr=False)  # every module, after replacements
     _warnings: list[str] | None = field(default=None, repr=False)
 
     @property
     def warnings(self) -> list[str]:
         """Overlaps and partly matched repeated structures; worked out when first read (big models)."""
         if self._warnings is None:
-            self._warnings = overlap_warnings(self.steps) + partial_structure_warnings(self.steps, self.targets)
+            index = self.index if self.index is not None else ModuleIndex.of(self.model)
+            self._warnings = overlap_warnings(self.steps) + partial_structure_warnings(self.steps, index)
         return self._warnings
+
+    @property
+    def targets(self) -> list[Target]:
+        """Every module of the model as the plan sees it (after replace_module steps)."""
+        return (self.index if self.index is not None else ModuleIndex.of(self.model)).targets()
 
     def to_dict(self) -> list[dict[str, Any]]:
         """Per action: kind, mechanism, enabled, matched names (canonical and real), tensors."""
@@ -121,7 +127,7 @@ def compile_plan(
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    targets = module_targets(model)
+    index = ModuleIndex.of(model)
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}
     flags: dict[int, bool] = {}  # shared by every action: what earlier ones add and freeze
@@ -137,7 +143,7 @@ def compile_plan(
             raise ConfigError(f"{where}.kind: every action needs a kind; kinds: {', '.join(KINDS.names())}")
         kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
         cfg = validate(kind.schema, node, where)
-        matched = _match(cfg, targets, where, strict)
+        matched = _match(cfg, index, where, strict)
         ctx = BindContext(str(name), seed, strict, safe, model, ctx_added, flags)
         if not cfg.enabled:
             plan.steps.append(Step(str(name), kind.name, kind.mechanism, cfg, matched, _skip, enabled=False))
@@ -145,8 +151,8 @@ def compile_plan(
         step = kind.bind(cfg, matched, ctx)
         plan.steps.append(step)
         if step.replaced:
-            targets = _with_replacements(targets, step.replaced)
-    plan.targets = targets
+            index = ModuleIndex.from_targets(_with_replacements(index.targets(), step.replaced))
+    plan.index = index
     if example_inputs is not None:
         from surgery.probe import check_before_apply
 
@@ -183,13 +189,13 @@ def _shape_of_name(name: str) -> str:
     return _NUMBER_SEGMENT.sub(r"\1*", name)
 
 
-def partial_structure_warnings(steps: list[Step], targets: list[Target]) -> list[str]:
+def partial_structure_warnings(steps: list[Step], index: ModuleIndex) -> list[str]:
     """Flag a selector that matches most, but not all, of a repeated structure (11 of 12 blocks)."""
     family: dict[tuple[str, type], list[str]] = {}
-    for target in targets:
-        shape = _shape_of_name(target.name)
-        if shape != target.name:  # one C-level substitution per name: plans over 100k modules stay fast
-            family.setdefault((shape, type(target.module)), []).append(target.name)
+    for name, cls in zip(index.names, index.classes):
+        shape = _shape_of_name(name)
+        if shape != name:  # one C-level substitution per name: plans over 100k modules stay fast
+            family.setdefault((shape, cls), []).append(name)
     lines = []
     for step in steps:
         matched: dict[tuple[str, type], set[str]] = {}
@@ -232,21 +238,21 @@ def _skip(ledger: Any) -> None:
     """A disabled action applies nothing."""
 
 
-def _match(cfg: Any, targets: list[Target], where: str, strict: bool) -> list[Target]:
+def _match(cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Target]:
     """The modules an action selects; nothing at all is a NoMatchError under strict."""
     select, types, exclude = as_list(cfg.select), as_list(cfg.type), as_list(cfg.exclude)
-    matched = select_modules(targets, select, types, exclude, where)
+    matched = index.select(select, types, exclude, where)
     if matched or not strict or cfg.allow_empty:
         return matched
-    names = [t.name for t in targets]
-    if exclude is not None and select_modules(targets, select, types, None, where):
-        kept_out = [t.name for t in select_modules(targets, select, types, None, where)]
+    names = index.names
+    if exclude is not None and index.select(select, types, None, where):
+        kept_out = [t.name for t in index.select(select, types, None, where)]
         raise NoMatchError(
             f"{where}.exclude: {_quote(exclude)} removed every module the selector matched"
             f" ({', '.join(kept_out[:6])}{' …' if len(kept_out) > 6 else ''})"
         )
     if select is not None:
-        by_name = select_modules(targets, select, None, exclude, f"{where}.select")
+        by_name = index.select(select, None, exclude, f"{where}.select")
         if not by_name:
             raise NoMatchError(
                 f"{where}.select: {_quote(select)} matched no module. Closest module names:"
@@ -257,7 +263,7 @@ def _match(cfg: Any, targets: list[Target], where: str, strict: bool) -> list[Ta
             f"{where}.type: {_quote(types)} matched none of the {len(by_name)} module(s) selected by"
             f" {_quote(select)}; their types are: {', '.join(present[:12])}."
         )
-    present = sorted({type(t.module).__name__ for t in targets})
+    present = sorted({cls.__name__ for cls in set(index.classes)})
     hint = did_you_mean(types[0] if types else "", present)
     raise NoMatchError(
         f"{where}.type: {_quote(types)} matched no module.{hint} Types in this model:"

@@ -31,7 +31,8 @@ from torch import nn
 import surgery
 from surgery.errors import ActionError, SurgeryError
 from surgery.expr import compile_expr
-from surgery.select import ROOT, compile_globs, module_targets, select_modules
+from surgery.globs import ROOT, compile_globs
+from surgery.select import module_targets, select_modules
 from tests.conftest import Snapshot, TinyNet, run_both
 
 

@@ -11,17 +11,16 @@ import torch
 from torch import nn
 
 from surgery.errors import ConfigError
+from surgery.globs import ROOT, compile_globs, type_matcher
 from surgery.select import (
-    ROOT,
+    ModuleIndex,
     Target,
     as_list,
     canonical_name,
     closest_names,
-    compile_globs,
     module_targets,
     select_modules,
     select_params,
-    type_matcher,
 )
 
 NAMES = [
@@ -463,3 +462,29 @@ def test_closest_names_never_empty() -> None:
 )
 def test_as_list(value: object, expected: list[str] | None) -> None:
     assert as_list(value) == expected  # type: ignore[arg-type]
+
+
+def test_module_index_walks_like_named_modules() -> None:
+    """Same order, each shared module once (first place it appears), None children skipped."""
+    shared = nn.Linear(2, 2)
+    net = nn.Sequential(nn.Sequential(shared, nn.ReLU()), shared, nn.ModuleDict({"b": nn.Tanh(), "a": shared}))
+    net.register_module("empty", None)
+    index = ModuleIndex.of(net)
+    assert index.real_names == [name for name, _ in net.named_modules()] == ["", "0", "0.0", "0.1", "2", "2.b"]
+    assert all(a is b for a, b in zip(index.modules, net.modules(), strict=True))
+    assert index.names[0] == ROOT and index.classes[2] is nn.Linear
+
+
+def test_index_selection_equals_one_glob_test_per_target() -> None:
+    targets = module_targets(tiny_net())
+    index = ModuleIndex.from_targets(targets)
+    cases = [(["block*"], None, None), (None, ["Conv2d"], None), (["**"], ["Conv2d", "Linear"], ["block1.*"])]
+    for select, types, exclude in cases:
+        plain = [
+            t
+            for t in targets
+            if (select is None or compile_globs(select, "w")(t.name))
+            and (types is None or type_matcher(types, "w")(type(t.module)))
+            and not (exclude and compile_globs(exclude, "w")(t.name))
+        ]
+        assert plain and index.select(select, types, exclude, "w") == plain

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError, did_you_mean
+from surgery.globs import compile_globs
 from surgery.ledger import Ledger
 from surgery.registry import Registry
-from surgery.select import Target, closest_names, compile_globs, select_params
+from surgery.select import Target, closest_names, select_params
 
 APPLY_PASS = "apply pass"
 FORWARD_PRE_HOOK = "forward pre-hook"

@@ -9,9 +9,10 @@ from torch import nn
 
 from surgery.actions.base import KINDS, STATE_DICT_HOOK, BindContext, Kind, Step, hook_failed
 from surgery.errors import ConfigError
+from surgery.globs import ROOT, glob_rename
 from surgery.ledger import Ledger
 from surgery.schema import OnLoadAction
-from surgery.select import ROOT, Target, glob_rename
+from surgery.select import Target
 
 
 def _renamer(rename: dict[str, str], where: str) -> Callable[[str], str]:
