@@ -235,6 +235,14 @@ def _on_module(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "module"
 
 
+_TENSOR_FUNCTIONS = frozenset(FUNCTIONS) - {"where"}  # where(cond) alone returns a tuple
+
+
+def _makes_tensor(node: ast.expr) -> bool:
+    """True for a call of a function that returns a tensor or raises (every one but ``where``)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _TENSOR_FUNCTIONS
+
+
 def _is_number(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, _NUMBER_TYPES)
 
@@ -307,6 +315,8 @@ class _Checker(ast.NodeTransformer):
         node.left, node.right = self.visit(node.left), self.visit(node.right)
         if op in _FOLDS and _is_number(node.left) and _is_number(node.right):
             return self.fold(node)
+        if _makes_tensor(node.left) or _makes_tensor(node.right):
+            return node  # a tensor on either side: neither repetition nor a huge number can come of it
         if op is ast.Pow:
             return _helper_call("_pow", [node.left, node.right], node)
         if op is ast.Mult:

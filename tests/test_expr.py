@@ -329,6 +329,8 @@ RUNTIME_REFUSED = [
     ("(x.numel() ** 64) ** 64", "affine", "is not a finite real number"),
     ("inputs * 3", "affine", "repeating a tuple or list"),
     ("[x] * 3", "affine", "repeating a tuple or list"),
+    ("where(x > 0) * 3", "affine", "repeating a tuple or list"),
+    ("3 * where(x > 0)", "affine", "repeating a tuple or list"),
     ("x @ x", "affine", "cannot be multiplied"),
     ("leaky_relu(module.weight, 0.1, True)", "linear", "positional argument"),
     ("module.register_forward_hook", "linear", "no readable attribute 'register_forward_hook'"),

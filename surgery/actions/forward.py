@@ -106,31 +106,27 @@ class ReplaceForward(Kind):
 
         def apply(ledger: Ledger) -> None:
             for target, compute in ledger.each(action, computes, lambda tc: tc[0].name):
-                _register(ledger, action, target, _tensor_for_tensor(compute, source))
+                _register(ledger, action, target, compute, source)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 
 
-def _tensor_for_tensor(compute: Compute, source: tuple[str, str]) -> Compute:
-    """Refuse a replacement that is not a tensor where the module returned one (it would fail later)."""
+def _not_a_tensor(source: tuple[str, str], result: Any) -> KeyedError:
+    """A replacement that is not a tensor where the module returned one (it would fail later)."""
     key, text = source
-
-    def checked(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        result = compute(m, args, output)
-        if isinstance(output, torch.Tensor) and not isinstance(result, torch.Tensor):
-            raise KeyedError(key, f"{text!r} gave a {type(result).__name__}, not a tensor as the module returns")
-        return result
-
-    return checked
+    return KeyedError(key, f"{text!r} gave a {type(result).__name__}, not a tensor as the module returns")
 
 
-def _register(ledger: Ledger, action: str, target: Target, compute: Compute) -> None:
+def _register(ledger: Ledger, action: str, target: Target, compute: Compute, source: tuple[str, str]) -> None:
     module, name = target.module, target.name
     if not getattr(module, "inplace", False):
 
         def hook(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-            try:
-                return compute(m, args, output)
+            try:  # one frame around compute: this runs on every call of every selected module
+                result = compute(m, args, output)
+                if not isinstance(result, torch.Tensor) and isinstance(output, torch.Tensor):
+                    raise _not_a_tensor(source, result)
+                return result
             except Exception as e:
                 raise hook_failed(action, name, e) from e
 
@@ -144,7 +140,10 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute) -> 
 
     def replace(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         try:
-            return compute(m, pending.pop(), output)
+            result = compute(m, pending.pop(), output)
+            if not isinstance(result, torch.Tensor) and isinstance(output, torch.Tensor):
+                raise _not_a_tensor(source, result)
+            return result
         except Exception as e:
             raise hook_failed(action, name, e) from e
 
