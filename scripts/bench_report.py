@@ -487,8 +487,8 @@ def why_lines(results: Path, misses: list[str]) -> list[str]:
         lines.append(
             f"- Hook overhead: per hook call, the engine's hooks cost this much more CPU time than the"
             f" hand-written ones on the {small[0]['model']} ({hooks} hooks per call; median over rounds): {parts}."
-            " That is the Python work around the op in the engine's hook (looking up the item, building the"
-            " record, preparing an expression's variables); a forward of that model takes about"
+            " That is the Python work around the op in the engine's hook (the try that names the action and"
+            " module when the op fails, looking up the item, building the record); a forward of that model takes about"
             f" {hand:.2f} ms, so 1 µs per hook is about {small[0]['hooks'] / (hand * 1e3) * 100:.0f}% of it. On the"
             " wider MLP and on GPT-2 the same cost is lost in the noise."
         )
