@@ -29,6 +29,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import surgery
+from surgery.errors import CompiledModelWarning
 from surgery.models.mlp import MLP
 
 CASES: dict[str, dict[str, Any]] = {
@@ -119,7 +120,8 @@ def capture_recompiles(model: nn.Module, x: torch.Tensor, calls: int = 12) -> di
 
 
 def surgery_after_compile(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
-    """Apply an add after compiling, to the inner model and to the compiled wrapper; is it honoured? warned?"""
+    """Apply an add after a compiled call, to the inner model and to the compiled wrapper: is it honoured?
+    Did ``surgery.apply`` warn (a CompiledModelWarning, or anything it printed)?"""
     actions = CASES["modify_output add"]
     result: dict[str, Any] = {}
     for target in ("inner model", "compiled wrapper"):
@@ -129,7 +131,10 @@ def surgery_after_compile(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
             warnings.simplefilter("always")
             before = compiled(x)
             with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.redirect_stdout(io.StringIO()) as out:
+                ahead = len(caught)
                 s = surgery.apply(model if target == "inner model" else compiled, actions)
+                at_apply = caught[ahead:]
+                printed = err.getvalue().strip() or out.getvalue().strip()
                 try:
                     after = compiled(x)
                     eager_changed = not torch.equal(model(x), before)
@@ -139,7 +144,7 @@ def surgery_after_compile(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
         result[target] = {
             "eager_model_changed": eager_changed,
             "compiled_output_changed": not torch.equal(after, before),
-            "surgery_warned": bool(mine) or bool(err.getvalue().strip()) or bool(out.getvalue().strip()),
+            "surgery_warned": any(issubclass(w.category, CompiledModelWarning) for w in at_apply) or bool(printed),
             "messages": sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in mine}),
         }
     torch._dynamo.reset()

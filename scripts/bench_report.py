@@ -343,7 +343,10 @@ def compile_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[s
                 " (below) makes Dynamo give up on the whole forward frame (a break inside a loop)"
             )
     md += [
-        "A surgery applied after compiling (FACTS: torch silently ignores hooks added after the graph was compiled):",
+        "A surgery applied after the model has run compiled (torch does not guard on hooks added to a module that"
+        " had none when it compiled, so compiled calls ignore them). `surgery.apply` recognises the compiled wrapper"
+        " and, per instance, a model Dynamo has traced (docs/behaviour.md). Not detected: a never-compiled sibling of"
+        " a compiled instance, which can reuse its class's cached graph.",
         "",
         *table(
             ["applied to", "eager model changed", "compiled output changed", "surgery warned"],
@@ -505,7 +508,7 @@ def why_lines(results: Path, misses: list[str]) -> list[str]:
     if any("silently ignored" in m for m in misses):
         lines.append(
             "- After `torch.compile`, hooks added to the inner model are not seen by the graphs already compiled"
-            " (torch does not guard on hooks added later); only a surgery given the compiled wrapper is flagged."
+            " (torch does not guard on hooks added later), and the check that should have warned did not fire."
         )
     return lines
 

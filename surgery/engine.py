@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from surgery.compiled import RAN, WRAPPER, compiled_state
 from surgery.compiler import Plan, compile_plan
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
 from surgery.io import write_tensors
@@ -113,15 +114,24 @@ class Surgery:
 
 
 def warn_if_compiled(model: nn.Module, done: str) -> None:
-    """Warn when the model is (or holds) a ``torch.compile`` module: torch would silently keep old hooks."""
-    if any(type(m).__name__ == "OptimizedModule" for m in model.modules()):
-        warnings.warn(
+    """Warn when torch.compile may not see this change: a compiled wrapper, or a model that has run compiled."""
+    state = compiled_state(model)
+    if state == WRAPPER:
+        message = (
             f"surgery {done} on a torch.compile-d model: if it has already run compiled, torch keeps using the"
             " graph it compiled and ignores this change. Apply surgery before the first compiled call, or call"
-            " torch._dynamo.reset() (or compile again) after applying and after removing.",
-            CompiledModelWarning,
-            stacklevel=3,
+            " torch._dynamo.reset() after applying and after removing."
         )
+    elif state == RAN and done == "applied":  # removing is seen: Dynamo guards the hooks it compiled with
+        message = (
+            "surgery applied to a model that has already run compiled (torch.compile, .compile() or a compiled"
+            " function calling it) while Dynamo still holds its graphs: compiled calls keep using the graph"
+            " compiled before and may ignore this change (eager calls see it). Apply surgery before the first"
+            " compiled call, or call torch._dynamo.reset() after applying (compiling again reuses the old graph)."
+        )
+    else:
+        return
+    warnings.warn(message, CompiledModelWarning, stacklevel=3)
 
 
 def _copy_back(tensors: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:
