@@ -151,16 +151,90 @@ def test_modify_output_ops(op: str, extra: dict, expected: list) -> None:
         assert torch.equal(model(x), torch.tensor(expected))
 
 
-def test_noise_is_seeded_per_run() -> None:
+def noise_calls(x: torch.Tensor, calls: int = 3, seed: int = 3, name: str = "n", **extra: object) -> list:
+    """The outputs of ``calls`` forwards of an identity with noise (std 2) on its output, in one apply."""
     model = nn.Sequential(nn.Identity())
+    action = {name: {"kind": "modify_output", "select": "0", "op": "noise", "std": 2.0, **extra}}
+    with surgery.apply(model, action, seed=seed):
+        return [model(x) for _ in range(calls)]
+
+
+def test_noise_is_seeded_per_run() -> None:
     x = torch.zeros(1, 1000)
-    action = {"n": {"kind": "modify_output", "select": "0", "op": "noise", "std": 2.0}}
-    with surgery.apply(model, action, seed=3):
-        a = model(x)
-    with surgery.apply(model, action, seed=3):
-        b = model(x)
-    assert torch.equal(a, b)
-    assert 1.8 < a.std().item() < 2.2
+    a, b = noise_calls(x), noise_calls(x)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))  # every apply starts the stream from the seed again
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[1], a[2])  # new noise on every call
+    assert not torch.equal(noise_calls(x, seed=4)[0], a[0])
+    assert not torch.equal(noise_calls(x, name="m")[0], a[0])  # each action has its own stream
+    assert 1.8 < a[0].std().item() < 2.2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_noise_has_mean_zero_and_the_configured_std(dtype: torch.dtype) -> None:
+    (out,) = noise_calls(torch.zeros(1000, 1000, dtype=dtype), calls=1)
+    assert out.dtype == dtype
+    values = out.double()
+    assert abs(values.mean().item()) < 2e-3 * 2.0
+    assert abs(values.std().item() - 2.0) < 3e-3 * 2.0
+    assert abs((values**4).mean().item() / 2.0**4 - 3.0) < 0.03  # Gaussian tails, not just the right variance
+
+
+def test_noise_on_an_index_slice_leaves_the_rest() -> None:
+    x = torch.arange(12.0).reshape(3, 4)
+    a, b = noise_calls(x, calls=2, index="[:, 1:3]")
+    for out in (a, b):
+        assert torch.equal(out[:, [0, 3]], x[:, [0, 3]])
+        assert not torch.isclose(out[:, 1:3], x[:, 1:3]).any()
+    assert not torch.equal(a, b)
+    assert torch.equal(noise_calls(x, calls=1, index="[:, 1:3]")[0], a)
+
+
+def test_noise_refuses_an_integer_tensor() -> None:
+    with pytest.raises(surgery.ActionError, match=r"actions\.n\.op on module '0': noise needs a floating-point"):
+        noise_calls(torch.zeros(2, 3, dtype=torch.int64), calls=1)
+
+
+def test_the_noise_hash_on_tensors_matches_python_ints() -> None:
+    """Eager calls derive the per-call key in Python, compiled calls on a tensor: the bits must agree."""
+    from surgery.actions.noise import mix_, mix_int
+
+    values = [0, 1, 2**63 - 1, -(2**63), -1, 0x0123456789ABCDEF, -0x5555555555555555]
+    assert mix_(torch.tensor(values, dtype=torch.int64)).tolist() == [mix_int(v) for v in values]
+
+
+def test_noise_under_torch_compile_equals_eager_call_by_call_without_recompiling() -> None:
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    action = {"n": {"kind": "modify_output", "type": "Linear", "op": "noise", "std": 0.5}}
+    with torch.no_grad():
+        with surgery.apply(model, action):
+            want = [model(x) for _ in range(5)]
+        torch._dynamo.reset()
+        counters.clear()
+        with surgery.apply(model, action):
+            try:
+                compiled = torch.compile(model, backend="aot_eager")
+                got = [compiled(x) for _ in range(4)]
+                got.append(model(x))  # an eager call continues the same stream
+                graphs = counters["stats"]["unique_graphs"]
+            finally:
+                torch._dynamo.reset()  # before removing: no compiled graph is left to ignore the removal
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert graphs == 1  # the call counter is a tensor: no recompile per call
+
+
+def test_noise_applied_under_inference_mode_still_runs_outside_it() -> None:
+    model = nn.Sequential(nn.Identity())
+    with torch.inference_mode():
+        s = surgery.apply(model, {"n": {"kind": "modify_output", "select": "0", "op": "noise", "std": 1.0}})
+    try:
+        a, b = model(torch.zeros(3)), model(torch.zeros(3))
+    finally:
+        s.remove()
+    assert not torch.equal(a, b)
 
 
 def test_item_picks_a_tuple_element_and_a_plain_tensor_passes_through() -> None:

@@ -64,6 +64,7 @@ def test_the_plan_baseline_matches_what_surgery_selects() -> None:
 BUILT_IN = [  # one per mechanism: output hook, sliced op, pre-hook, replaced forward (two ways), capture
     "modify_output add",
     "modify_output zero + index",
+    "modify_output noise",
     "modify_input mul",
     "replace_forward identity",
     "replace_forward linear",

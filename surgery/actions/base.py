@@ -178,11 +178,16 @@ def tensors_named(found: list[tuple[Target, str, TensorSpec]]) -> list[str]:
     return [full_name(t, n) for t, n, _ in found]
 
 
+def seed_for(seed: int, action: str) -> int:
+    """The action's own 63-bit seed, from the run seed and the action name (sha256, so stable everywhere)."""
+    digest = hashlib.sha256(f"{seed}/{action}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def generator_for(seed: int, action: str, device: torch.device) -> torch.Generator:
     """A generator seeded from the run seed and the action name, so runs are reproducible."""
-    digest = hashlib.sha256(f"{seed}/{action}".encode()).digest()
     gen = torch.Generator(device=device)
-    gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    gen.manual_seed(seed_for(seed, action))
     return gen
 
 

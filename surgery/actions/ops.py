@@ -2,7 +2,7 @@
 
 ``make_op`` validates everything (expressions, callables, patch sources) once and returns a
 factory; each apply calls it for a fresh ``op(tensor, module) -> tensor`` so per-run state
-(the noise generator) starts from the seed again.
+(the noise stream's call counter) starts from the seed again.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from surgery.actions.base import KeyedError, generator_for
+from surgery.actions.base import KeyedError, seed_for
+from surgery.actions.noise import noise_stream
 from surgery.callables import resolve_callable
 from surgery.errors import ActionError, ConfigError, did_you_mean
 from surgery.expr import compile_expr, compile_index
@@ -75,7 +76,8 @@ def _elementwise(
         return lambda: _mean_ablate(dims)
     if op == "noise":
         std = float(cfg.std)  # type: ignore[arg-type]
-        return lambda: _noise(std, seed, action)
+        key = seed_for(seed, action)  # hashed once here: Dynamo cannot trace sha256 inside a hook
+        return lambda: _noise(std, key)
     if op == "expr":
         expr = compile_expr(str(cfg.expr), f"{where}.expr", names=(var, "module"))
         op_fn = expr.bind(var, "module")
@@ -100,15 +102,14 @@ def _mean_ablate(dims: tuple[int, ...]) -> Op:
     return ablate
 
 
-def _noise(std: float, seed: int, action: str) -> Op:
-    """Gaussian noise from the action's own generator, so runs repeat exactly."""
-    generators: dict[torch.device, torch.Generator] = {}
+def _noise(std: float, key: int) -> Op:
+    """Gaussian noise from the action's own counter-based stream: new each call, the same each run."""
+    draw = noise_stream(key, std)
 
     def add_noise(t: torch.Tensor, m: Any) -> torch.Tensor:
-        gen = generators.get(t.device)
-        if gen is None:
-            gen = generators[t.device] = generator_for(seed, action, t.device)
-        return t + std * torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype)
+        if not t.is_floating_point():
+            raise KeyedError("op", f"noise needs a floating-point tensor, this one is {t.dtype}")
+        return t + draw(t)
 
     return add_noise
 
