@@ -215,7 +215,7 @@ def plan_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]
         f" {data['gc']}.",
         "",
         *table(["modules", "build", "surgery.plan", "regex baseline", "plan/baseline", "per module"], rows),
-        f"Growth per 10× modules: {growth} (linear would be 10×).",
+        f"Growth per 10× modules: {growth} (linear would be 10×; fixed costs make small trees grow less).",
         "",
     ]
     met = bool(data["met"])

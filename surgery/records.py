@@ -75,8 +75,17 @@ class Record:
     def __init__(self, key: str, reduce: str = "none") -> None:
         self.key = key
         self.reduce = reduce
-        self.calls: list[Call] = []
+        self.outputs: list[Any] = []  # appended by the output-only capture hook; made Calls when read
+        self._calls: list[Call] = []
         self.running: dict[str, Running] = {}
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every call recorded, oldest first (a hook may append to this list)."""
+        if self.outputs:  # one Call per output only when someone looks: the hook stays a bare append
+            self._calls.extend([Call(output=output) for output in self.outputs])
+            self.outputs.clear()
+        return self._calls
 
     @property
     def reduced(self) -> dict[str, dict[str, torch.Tensor]]:

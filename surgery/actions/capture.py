@@ -42,16 +42,16 @@ class Capture(Kind):
                     hook = _reducing_hook(record, want_input, want_output, action, target.name)
                     ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
                     continue
-                calls = record.calls
                 if not want_input:  # the common case, kept as cheap as a hand-written hook
 
                     def output_hook(
-                        m: nn.Module, args: tuple[Any, ...], output: Any, calls: list[Call] = calls
+                        m: nn.Module, args: tuple[Any, ...], output: Any, outputs: list = record.outputs
                     ) -> None:
-                        calls.append(Call(output=output.detach() if type(output) is torch.Tensor else detached(output)))
+                        outputs.append(output.detach() if type(output) is torch.Tensor else detached(output))
 
                     ledger.add_handle(target.module.register_forward_hook(output_hook))
                     continue
+                calls = record.calls
 
                 def hook(
                     m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, calls: list[Call] = calls
