@@ -380,7 +380,7 @@ def _row_line(row: Row) -> str:
 CASES: dict[str, Callable[[], ModelCase]] = {
     "mlp64": lambda: mlp_case(64, rounds=21, block_s=0.04),
     "mlp1024": lambda: mlp_case(1024, rounds=11, block_s=0.08, peer_modes=("fwd",)),
-    "gpt2": lambda: gpt2_case(small=True, rounds=3, block_s=0.15),
+    "gpt2": lambda: gpt2_case(small=True, rounds=5, block_s=0.15),
 }
 QUICK: dict[str, Callable[[], ModelCase]] = {
     "mlp16": lambda: mlp_case(16, rounds=3, block_s=0.01),

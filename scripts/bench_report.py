@@ -86,10 +86,17 @@ def overhead_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[
                 ms(r["times"]["hand"]),
                 f"{r['ratios']['hand/bare']:.3f}",
                 f"**{ratio:.3f}** ({q1:.3f}–{q3:.3f})",
-                "yes" if ok else "noise (3 rounds)" if few else "within noise" if q1 <= OVERHEAD_TARGET else "no",
+                "yes"
+                if ok
+                else f"noise ({r['rounds']} rounds)"
+                if few
+                else "within noise"
+                if q1 <= OVERHEAD_TARGET
+                else "no",
             ]
         )
     worst = max(r["ratios"]["surgery"] for r in data["rows"])
+    gpt2_rounds = next((r["rounds"] for r in data["rows"] if r["model"].startswith("GPT-2")), "a few")
     clear_misses = [r for r in data["rows"] if r["spread"][0] > OVERHEAD_TARGET and r["rounds"] >= 5]
     noisy = [
         r
@@ -128,7 +135,7 @@ def overhead_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[
         " under `torch.no_grad()`; `fwd+bwd` also backpropagates the summed output. Models: a 12-layer"
         " MLP (`surgery.models.mlp.MLP`, depth 12 + head, batch 8) at width 64 and 1024; GPT-2 small"
         " (`GPT2LMHeadModel`, n_layer 12, n_embd 768, vocab 50257, random weights from a config,"
-        " batch 1, 8 tokens). GPT-2 rows are 3 rounds of one call each (a forward and backward of GPT-2"
+        f" batch 1, 8 tokens). GPT-2 rows are {gpt2_rounds} rounds of one call each (a forward and backward of GPT-2"
         " small takes about a second here, mostly the gradients of 124M parameters): their ratios move by"
         " ±10% from round to round. The engine's share cannot show there: about 50 hooks × 1–2 µs is under"
         " 0.1 ms of a 150 ms forward, so read those rows as 'no measurable difference' either way.",
