@@ -55,9 +55,12 @@ def child(mode: str, batches: int, directory: str) -> dict[str, Any]:
     s = surgery.apply(model, actions) if mode != "none" else None
     with torch.no_grad():
         model(xs[0])  # first call: lazy allocations of torch itself belong to the floor
+    model_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    one_batch = 0  # what one forward's captures hold: the yardstick for streaming to disk
     if s is not None:
         for records in s.captures.values():
             for record in records.values():
+                one_batch += sum(c.output.numel() * c.output.element_size() for c in record.calls)
                 record.calls.clear()
     before = rss_mib()
     start = time.perf_counter()
@@ -88,6 +91,8 @@ def child(mode: str, batches: int, directory: str) -> dict[str, Any]:
         "peak_rss_mib": peak,
         "added_mib": peak - before,
         "held_in_captures_mib": held / 2**20,
+        "model_mib": model_bytes / 2**20,
+        "one_batch_mib": one_batch / 2**20,
         "on_disk_mib": on_disk / 2**20,
         "shards": shards,
         "seconds": seconds,

@@ -270,6 +270,12 @@ def plan_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]
     return md, [target], misses
 
 
+def _per_reference(row: dict[str, Any]) -> str:
+    """``added`` over the model's tensors plus one batch of captures (a capturing row only)."""
+    reference = row.get("model_mib", 0) + row.get("one_batch_mib", 0)
+    return f"{row['added_mib'] / reference:.1f}" if row.get("one_batch_mib") else "–"
+
+
 def memory_section(data: dict[str, Any] | None) -> list[str]:
     if data is None:
         return ["## 4. Capture memory", "", "Not run.", ""]
@@ -280,6 +286,7 @@ def memory_section(data: dict[str, Any] | None) -> list[str]:
             f"{r['added_mib']:.0f} MiB",
             f"{r['held_in_captures_mib']:.0f} MiB",
             f"{r['on_disk_mib']:.0f} MiB",
+            _per_reference(r),
             f"{r['seconds']:.2f} s",
         ]
         for r in data["api"]
@@ -293,6 +300,9 @@ def memory_section(data: dict[str, Any] | None) -> list[str]:
         for r in data["cli"]
     ]
     batches = data["api"][0]["batches"]
+    ref = next(
+        (r for r in data["api"] if "one_batch_mib" in r and r["one_batch_mib"]), {"model_mib": 0, "one_batch_mib": 0}
+    )
     md = [
         f"## 4. Capture memory over {batches} batches: in memory vs `to: disk`",
         "",
@@ -300,9 +310,13 @@ def memory_section(data: dict[str, Any] | None) -> list[str]:
         " forwards, each case in a fresh process. API: `capture` of every module (`select: '**'`,"
         " `exclude: '<root>'`); `disk` uses `to: disk` and `Surgery.flush(dir)` after each batch;"
         " `none` runs without surgery. `added` is peak RSS minus RSS before the first batch; `held` is"
-        " the tensor storage the records hold at the end.",
+        " the tensor storage the records hold at the end; `added / (model + 1 batch)` compares `added`"
+        f" with the model's own tensors ({ref['model_mib']:.2f} MiB) plus one batch of captures"
+        f" ({ref['one_batch_mib']:.1f} MiB): streaming to disk stays between 1 and 2 whatever the number of"
+        " batches (the batch's captured tensors, plus the one serialised copy made while its shard is"
+        " written); memory mode grows with every batch.",
         "",
-        *table(["API", "peak RSS", "added", "held", "on disk", "forwards"], api),
+        *table(["API", "peak RSS", "added", "held", "on disk", "added / (model + 1 batch)", "forwards"], api),
     ]
     if cli:
         md += [
