@@ -181,28 +181,34 @@ def overlap_warnings(steps: list[Step]) -> list[str]:
     return lines
 
 
-_NUMBER_SEGMENT = re.compile(r"(^|\.)\d+(?=\.|$)")
+_NUMBER_SEGMENT = re.compile(r"(?<![^.\n])\d+(?![^.\n])")  # a whole dot-separated segment of digits
 
 
-def _shape_of_name(name: str) -> str:
-    """A module name with its number segments as ``*``: ``blocks.3.mlp`` → ``blocks.*.mlp``."""
-    return _NUMBER_SEGMENT.sub(r"\1*", name)
+def _shapes_of_names(names: list[str]) -> list[str]:
+    """Names with their number segments as ``*`` (``blocks.3.mlp`` → ``blocks.*.mlp``), in one C-level pass."""
+    joined = "\n".join(names)
+    if joined.count("\n") != len(names) - 1:  # a name with a newline in it: one substitution per name
+        return [_NUMBER_SEGMENT.sub("*", name) for name in names]
+    return _NUMBER_SEGMENT.sub("*", joined).split("\n") if names else []
 
 
 def partial_structure_warnings(steps: list[Step], index: ModuleIndex) -> list[str]:
     """Flag a selector that matches most, but not all, of a repeated structure (11 of 12 blocks)."""
     family: dict[tuple[str, type], list[str]] = {}
-    for name, cls in zip(index.names, index.classes):
-        shape = _shape_of_name(name)
-        if shape != name:  # one C-level substitution per name: plans over 100k modules stay fast
+    shape_of: dict[str, str] = {}
+    for name, cls, shape in zip(index.names, index.classes, _shapes_of_names(index.names)):
+        if shape != name:
             family.setdefault((shape, cls), []).append(name)
+            shape_of[name] = shape
     lines = []
     for step in steps:
         matched: dict[tuple[str, type], set[str]] = {}
         for target in step.targets:
-            key = (_shape_of_name(target.name), type(target.module))
-            if key in family:
-                matched.setdefault(key, set()).add(target.name)
+            target_shape = shape_of.get(target.name)
+            if target_shape is not None:
+                key = (target_shape, type(target.module))
+                if key in family:
+                    matched.setdefault(key, set()).add(target.name)
         for key, names in matched.items():
             everyone = family[key]
             if len(everyone) >= 3 and len(everyone) / 2 <= len(names) < len(everyone):

@@ -126,6 +126,13 @@ def test_plan_warns_about_overlaps_in_order_and_a_partly_matched_repeated_struct
     assert surgery.plan(model, {"all": {"kind": "capture", "select": "layers.*.fc"}}).warnings == []
 
 
+def test_partial_structure_warning_sees_number_segments_at_the_top_and_ignores_digits_inside_names() -> None:
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(12)], nn.Sequential(nn.Linear(2, 2)))
+    model.add_module("x1", nn.Linear(2, 2))  # 'x1' is not a number segment: its own family of one
+    plan = surgery.plan(model, {"a": {"kind": "capture", "select": "[0-9]", "type": "Linear"}})
+    assert plan.warnings == ["actions.a: matches 10 of the 12 modules like '*'; not 10, 11. Intended?"]
+
+
 def test_surgery_on_a_compiled_model_warns_and_a_reset_makes_it_count(tiny: TinyNet, x_img) -> None:
     from surgery.errors import CompiledModelWarning
 
