@@ -320,6 +320,7 @@ class Row:
     hooks: int  # hooks the task registers (hand-written and engine alike)
     extra_us_per_hook: float  # median over rounds of (surgery - hand) per call, divided by ``hooks``
     notes: list[str] = field(default_factory=list)
+    spreads: dict[str, tuple[float, float]] = field(default_factory=dict)  # per ratio: quartiles over rounds
 
 
 def bench_case(case: ModelCase, tasks: list[Task], peers: Any, check: bool = True) -> list[Row]:
@@ -356,16 +357,15 @@ def bench_case(case: ModelCase, tasks: list[Task], peers: Any, check: bool = Tru
 
 def _row(case: ModelCase, task: str, mode: str, timing: Timing, reps: int, hooks: int, notes: list[str]) -> Row:
     times = {name: timing.median(name) for name in timing.rounds}
-    ratios = {}
+    ratios, spreads = {}, {}
     for name in timing.rounds:
-        if name == "TL hooks":
-            ratios[name] = timing.ratio(name, "TL bare")
-        elif name not in ("hand", "TL bare"):
-            ratios[name] = timing.ratio(name, "hand")
+        base = "TL bare" if name == "TL hooks" else "hand"
+        if name not in ("hand", "TL bare"):
+            ratios[name], spreads[name] = timing.ratio(name, base), timing.spread(name, base)
     ratios["hand/bare"] = timing.ratio("hand", "bare")
     extra = statistics.median(e - h for e, h in zip(timing.rounds["surgery"], timing.rounds["hand"])) / hooks * 1e6
     spread = timing.spread("surgery", "hand")
-    return Row(case.name, task, mode, times, ratios, spread, reps, case.rounds, hooks, extra, notes)
+    return Row(case.name, task, mode, times, ratios, spread, reps, case.rounds, hooks, extra, notes, spreads)
 
 
 def _row_line(row: Row) -> str:

@@ -197,6 +197,11 @@ def peers_section(data: dict[str, Any] | None) -> list[str]:
 PEERS = ("nnsight", "pyvene", "TL hooks")
 
 
+def _quartiles(row: dict[str, Any], peer: str, median: float) -> str:
+    q1, q3 = row.get("spreads", {}).get(peer, (median, median))
+    return f"{q1:.3f}–{q3:.3f}"
+
+
 def peers_target(data: dict[str, Any] | None) -> tuple[list[list[str]], list[str]]:
     """The 'fastest of the tools' target: per case, surgery/hand against the best peer's ratio."""
     cases = [r for r in (data or {}).get("rows", []) if any(p in r["ratios"] for p in PEERS)]
@@ -207,13 +212,13 @@ def peers_target(data: dict[str, Any] | None) -> tuple[list[list[str]], list[str
         best_peer, best = min(((p, r["ratios"][p]) for p in PEERS if p in r["ratios"]), key=lambda pr: pr[1])
         if r["ratios"]["surgery"] > best:
             slower.append((r, best_peer, best))
-    # within noise: surgery's lower quartile over the rounds is at or below the peer's median ratio
-    clear = [(r, p, b) for r, p, b in slower if r["spread"][0] > b]
+    # clearly slower: the interquartile ranges over the rounds do not overlap (surgery's Q1 above the peer's Q3)
+    clear = [(r, p, b) for r, p, b in slower if r["spread"][0] > r.get("spreads", {}).get(p, (b, b))[1]]
     status = yes(True) if not slower else "**within noise**" if not clear else yes(False)
     measured = f"fastest in {len(cases) - len(slower)} of {len(cases)} cases; clearly slower in {len(clear)}"
     misses = [
         f"peers: surgery/hand {r['ratios']['surgery']:.3f} (quartiles {r['spread'][0]:.3f}–{r['spread'][1]:.3f})"
-        f" against {p} {b:.3f} on {r['model']} / {r['task']} / {r['mode']}"
+        f" against {p} {b:.3f} (quartiles {_quartiles(r, p, b)}) on {r['model']} / {r['task']} / {r['mode']}"
         + ("" if (r, p, b) in clear else ", inside the noise")
         for r, p, b in slower
     ]
