@@ -417,24 +417,14 @@ def compile_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[s
         for k, v in after.items()
     )
     targets.append(["A surgery applied after compiling is reported", "warn or refuse", seen, yes(not ignored)])
-    if builtin_breaks:
-        misses.append(
-            f"built-in ops: {builtin_breaks} graph break(s): "
-            + "; ".join(
+    for what, count, expressions in (("built-in ops", builtin_breaks, False), ("expressions", expr_breaks, True)):
+        if count:
+            reasons = "; ".join(
                 f"{n}: {'; '.join(short(reason) for reason in r['reasons'][:2]) or 'see the table'}"
                 for n, r in data["explain"].items()
-                if r["graph_breaks"] and not n.startswith("expr")
+                if r["graph_breaks"] and n.startswith("expr") == expressions
             )
-        )
-    if expr_breaks:
-        misses.append(
-            f"expressions: {expr_breaks} graph break(s): "
-            + "; ".join(
-                f"{n}: {'; '.join(short(reason) for reason in r['reasons'][:2]) or 'see the table'}"
-                for n, r in data["explain"].items()
-                if r["graph_breaks"] and n.startswith("expr")
-            )
-        )
+            misses.append(f"{what}: {count} graph break(s): {reasons}")
     if ignored:
         misses.append(
             f"a surgery applied after `torch.compile` to the {' and '.join(silent)} is silently ignored by the"

@@ -1,4 +1,4 @@
-"""Write docs/config.md and docs/expressions.md from the code: schemas, kind registry, conf/ and surgery/expr.py.
+"""Write docs/config.md and docs/expressions.md from the code: schemas, kind registry, conf/ and surgery/expr*.py.
 
 ``python scripts/gen_reference.py`` writes both; ``--check`` exits 1 when either is out of date.
 """
@@ -22,7 +22,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # document this checkout's code, even where another surgery is installed
 
-from surgery import expr, schema  # noqa: E402
+from surgery import expr, expr_runtime, schema  # noqa: E402
 from surgery.actions import KINDS  # noqa: E402
 from surgery.errors import ConfigError  # noqa: E402
 from surgery.models.functions import Function_C  # noqa: E402
@@ -292,7 +292,7 @@ REFUSED = [
     (
         "huge or non-finite constant arithmetic",
         ["9 ** 9 ** 9", "2 ** (2 ** 100)", "10 ** 100000", "1 / 0", "1e999", "(-8) ** 0.5"],
-        f"number-only arithmetic is computed when the plan is compiled: an exponent over {expr.MAX_EXPONENT} in"
+        f"number-only arithmetic is computed when the plan is compiled: an exponent over {expr_runtime.MAX_EXPONENT} in"
         " absolute value, or a result that is not a finite real number, is refused instead of hanging.",
     ),
     ("text longer than the limit", [], f"more than {expr.MAX_LENGTH} characters."),
@@ -432,11 +432,12 @@ def refusal(compile_text: Callable[[str, str], Any], text: str, where: str = WHE
 
 
 def torch_name(function: Callable[..., Any]) -> str:
-    """The public torch name of an expression function; a wrapper ``_name`` in surgery.expr drops ``inplace``."""
-    if function.__module__ == expr.__name__:
+    """The public torch name of an expression function; a wrapper ``_name`` in surgery.expr_runtime drops
+    ``inplace``."""
+    if function.__module__ == expr_runtime.__name__:
         wrapped = function.__name__.lstrip("_")
         if not callable(getattr(F, wrapped, None)):
-            raise ValueError(f"surgery.expr.{function.__name__} wraps no torch.nn.functional.{wrapped}")
+            raise ValueError(f"surgery.expr_runtime.{function.__name__} wraps no torch.nn.functional.{wrapped}")
         return f"`torch.nn.functional.{wrapped}` without its `inplace` argument"
     for prefix, namespace in (("torch", torch), ("torch.nn.functional", F), ("torch.linalg", torch.linalg)):
         found = sorted(name for name, value in vars(namespace).items() if value is function and name[0] != "_")
@@ -591,7 +592,8 @@ def render_expressions() -> str:
     header = [
         "# Expressions",
         "",
-        "Generated from `surgery/expr.py` by `python scripts/gen_reference.py`: do not edit by hand.",
+        "Generated from `surgery/expr.py` and `surgery/expr_runtime.py` by `python scripts/gen_reference.py`:"
+        " do not edit by hand.",
         "",
         "An `expr` is one line of Python-like arithmetic over tensors, such as `x * module.W + module.b`",
         "or `softmax(output, dim=-1)`. It is parsed and checked against the allowlists below when the",

@@ -20,65 +20,29 @@ without bound); ``out=`` and ``inplace=`` are refused so nothing writes into the
 from __future__ import annotations
 
 import ast
-import math
 import operator
 import sys
 from collections.abc import Callable, Collection
 from typing import Any
 
-import torch
-import torch.nn.functional as F  # noqa: N812
-from torch import nn
-
 from surgery.errors import ActionError, ConfigError, did_you_mean
+from surgery.expr_runtime import (
+    FUNCTIONS,
+    GLOBALS,
+    NUMBER_TYPES,
+    TENSOR_ATTRIBUTES,
+    TENSOR_METHODS,
+    is_real,
+    number_power,
+    shorten,
+)
 
 NAMES = ("x", "inputs", "output", "grad", "module")
 MAX_LENGTH = 2000
 MAX_DEPTH = 50
-MAX_EXPONENT = 64
 
-
-# F.silu, F.leaky_relu and F.elu take a positional `inplace` flag that would write into the model.
-def _silu(input: torch.Tensor) -> torch.Tensor:
-    return F.silu(input)
-
-
-def _leaky_relu(input: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
-    return F.leaky_relu(input, negative_slope)
-
-
-def _elu(input: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    return F.elu(input, alpha)
-
-
-_TORCH_FUNCTIONS = (
-    "relu sigmoid tanh softmax log_softmax matmul clamp where abs exp log sqrt rsqrt square sign erf pow sin cos"
-    " maximum minimum mean sum amax amin std var cat stack"
-    " zeros_like ones_like full_like randn_like rand_like"  # sizes come from a tensor, never from the config
-)
-FUNCTIONS: dict[str, Callable[..., Any]] = {name: getattr(torch, name) for name in _TORCH_FUNCTIONS.split()}
-FUNCTIONS |= {
-    "gelu": F.gelu,
-    "silu": _silu,
-    "softplus": F.softplus,
-    "leaky_relu": _leaky_relu,
-    "elu": _elu,
-    "linear": F.linear,
-    "layer_norm": F.layer_norm,
-    "norm": torch.linalg.vector_norm,
-}
-
-# No in-place methods (trailing `_`), no device moves, no hooks, nothing that leaves torch.
-TENSOR_METHODS = frozenset(
-    "reshape view flatten unflatten mean sum amax amin max min abs exp log sqrt clamp relu"
-    " sigmoid tanh softmax log_softmax transpose permute unsqueeze squeeze norm std var detach"
-    " clone float size dim numel expand expand_as sign pow matmul t contiguous chunk split"
-    " narrow roll flip argmax argmin square sin cos item".split()
-)
-TENSOR_ATTRIBUTES = frozenset({"T", "mT", "shape", "ndim", "dtype"})
 
 _WRITING_KEYWORDS = frozenset({"out", "inplace"})
-_NUMBER_TYPES = (int, float)  # bool is an int
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult)
 _BINARY_OPS = (*_ARITHMETIC, ast.BitAnd, ast.BitOr, ast.BitXor)  # torch combines boolean masks with & | ^
 _REFUSED_COMPARISONS = (ast.Is, ast.IsNot, ast.In, ast.NotIn)
@@ -95,133 +59,11 @@ _REFUSED_NODES: dict[type[ast.AST], str] = {
 }
 
 
-def _is_real(value: Any) -> bool:
-    """True for a finite int or float; huge ints count as infinite."""
-    try:
-        return isinstance(value, _NUMBER_TYPES) and math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _number_power(base: float, exponent: float) -> float:
-    """``base ** exponent`` for plain numbers, guarded so it can neither hang nor overflow."""
-    if abs(exponent) > MAX_EXPONENT:
-        raise ValueError(f"exponent {exponent} is larger than {MAX_EXPONENT} in absolute value")
-    result = base**exponent
-    if not _is_real(result):
-        raise ValueError(f"({base}) ** {exponent} is not a finite real number")
-    return result
-
-
 _FOLDS: dict[type[ast.AST], Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-    ast.Pow: _number_power, ast.USub: operator.neg, ast.UAdd: operator.pos,
+    ast.Pow: number_power, ast.USub: operator.neg, ast.UAdd: operator.pos,
 }  # fmt: skip
-
-
-def _read_module(obj: Any, name: str) -> Any:
-    """Runtime check behind ``module.name``: a parameter, buffer, submodule or plain number; else list them."""
-    if not isinstance(obj, nn.Module):
-        return _read_attribute(obj, name)  # module.weight.T and the like: the tensor rules apply
-    if name in obj._parameters:
-        return obj._parameters[name]
-    if name in obj._buffers:
-        return obj._buffers[name]
-    if name in obj._modules:
-        return obj._modules[name]
-    value = obj.__dict__.get(name)
-    if _is_plain(value):
-        return value
-    readable = [*obj._parameters, *obj._buffers, *obj._modules]
-    readable += [k for k, v in obj.__dict__.items() if _is_plain(v) and not k.startswith("_")]
-    raise ActionError(
-        f"{type(obj).__name__} has no readable attribute {name!r}.{did_you_mean(name, readable)}"
-        f" Readable: {', '.join(sorted(readable)) or 'nothing'}."
-    )
-
-
-def _is_plain(value: Any) -> bool:
-    """True for an int, float or bool, or a tuple of them (e.g. ``LayerNorm.normalized_shape``)."""
-    if type(value) is tuple:
-        return all(type(item) in (int, float, bool) for item in value)
-    return type(value) in (int, float, bool)
-
-
-def _read_attribute(obj: Any, name: str) -> Any:
-    """Runtime check behind every ``a.name`` that is not a method call."""
-    if isinstance(obj, torch.Tensor):
-        if name in TENSOR_ATTRIBUTES:
-            return getattr(obj, name)
-        raise ActionError(f"tensors have no readable '.{name}'; readable: {', '.join(sorted(TENSOR_ATTRIBUTES))}")
-    raise ActionError(f"cannot read '.{name}' of a {type(obj).__name__}; only of tensors and module")
-
-
-def _find_method(obj: Any, name: str) -> Any:
-    """Runtime check behind every ``a.name(...)``: only allowlisted tensor methods."""
-    if isinstance(obj, torch.Tensor) and name in TENSOR_METHODS:
-        return getattr(obj, name)
-    raise ActionError(f"cannot call '.{name}()' on a {type(obj).__name__}; only on tensors")
-
-
-def _power(base: Any, exponent: Any) -> Any:
-    """Runtime ``**``: Python numbers (e.g. ``x.ndim``) get the same guard as at check time."""
-    if isinstance(base, _NUMBER_TYPES) and isinstance(exponent, _NUMBER_TYPES):
-        return _number_power(base, exponent)
-    return base**exponent
-
-
-def _multiply(left: Any, right: Any) -> Any:
-    """Runtime ``*``: refuse ``inputs * 10**9``-style repetition of tuples and lists."""
-    if isinstance(left, (tuple, list)) or isinstance(right, (tuple, list)):
-        raise ActionError("repeating a tuple or list with '*' is not allowed")
-    return left * right
-
-
-def _loaded_module(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
-    """``__import__`` for torch's C code, which re-imports ``torch`` from the calling frame: loaded modules only."""
-    if level or name not in sys.modules:
-        raise ImportError(f"{name!r}: expressions cannot import")
-    return sys.modules[name] if fromlist else sys.modules[name.partition(".")[0]]
-
-
-def _owned(value: Any) -> Any:
-    """A copy of a value that may share storage with the module's tensors, so the model cannot write into them.
-
-    Inserted at check time around expressions whose result can be a module tensor or a view of one.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_owned(item) for item in value)
-    if isinstance(value, nn.Module):
-        raise ActionError(f"the result is the submodule {type(value).__name__}, not a value; read one of its tensors")
-    return value
-
-
-def _failed(error: Exception, where: str, text: str) -> ActionError:
-    """The error an expression raises: where it is configured, its text, and the first line of the cause."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return ActionError(f"{where}: '{_shorten(text)}' failed: {first}")
-
-
-_GLOBALS: dict[str, Any] = {
-    # Only torch's own lazy imports can reach this: expression text cannot name `_` names.
-    "__builtins__": {"__import__": _loaded_module},
-    **FUNCTIONS,
-    "_attr": _read_attribute,
-    "_mread": _read_module,
-    "_owned": _owned,
-    "_failed": _failed,
-    "_Exception": Exception,
-    "_method": _find_method,
-    "_pow": _power,
-    "_mul": _multiply,
-}
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _helper_call(helper: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
@@ -244,7 +86,7 @@ def _makes_tensor(node: ast.expr) -> bool:
 
 
 def _is_number(node: ast.expr) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, _NUMBER_TYPES)
+    return isinstance(node, ast.Constant) and isinstance(node.value, NUMBER_TYPES)
 
 
 class _Checker(ast.NodeTransformer):
@@ -258,8 +100,8 @@ class _Checker(ast.NodeTransformer):
 
     def refuse(self, node: ast.AST, reason: str) -> ConfigError:
         segment = ast.get_source_segment(self.text, node) or self.text
-        context = "" if segment == self.text else f" in '{_shorten(self.text)}'"
-        return ConfigError(f"{self.where}: '{_shorten(segment)}'{context}: {reason}")
+        context = "" if segment == self.text else f" in '{shorten(self.text)}'"
+        return ConfigError(f"{self.where}: '{shorten(segment)}'{context}: {reason}")
 
     def visit(self, node: ast.AST) -> Any:
         self.depth += 1
@@ -283,7 +125,7 @@ class _Checker(ast.NodeTransformer):
             raise self.refuse(node, "'...' is only allowed inside [ ]")
         if value is not None and type(value) not in (int, float, bool):
             raise self.refuse(node, f"{type(value).__name__} values are not allowed, only numbers")
-        if value is not None and not _is_real(value):
+        if value is not None and not is_real(value):
             raise self.refuse(node, "numbers must be finite and fit in a float")
         return node
 
@@ -327,7 +169,7 @@ class _Checker(ast.NodeTransformer):
         operands = [node.operand] if isinstance(node, ast.UnaryOp) else [node.left, node.right]
         try:
             value = _FOLDS[type(node.op)](*(operand.value for operand in operands if isinstance(operand, ast.Constant)))
-            if not _is_real(value):
+            if not is_real(value):
                 raise ValueError("the result is not a finite real number")
         except (ValueError, ArithmeticError) as error:
             raise self.refuse(node, f"cannot compute ({error})") from None
@@ -499,7 +341,7 @@ class Expr:
                                     [ast.Raise(failed, ast.Name("_error", ast.Load()))])  # fmt: skip
         guarded = ast.Try(body=statements, handlers=[handler], orelse=[], finalbody=[])
         tree = ast.fix_missing_locations(ast.Module([_function(params, [guarded])], type_ignores=[]))
-        namespace = dict(_GLOBALS)
+        namespace = dict(GLOBALS)
         exec(compile(tree, "<expr>", "exec"), namespace)  # a function around the checked, rewritten AST only
         return namespace["expression"]  # type: ignore[no-any-return]
 
@@ -527,13 +369,13 @@ def _check_size(text: Any, where: str) -> str:
     if not isinstance(text, str):
         raise ConfigError(f"{where}: expected an expression string, got {type(text).__name__} {text!r}")
     if len(text) > MAX_LENGTH:
-        raise ConfigError(f"{where}: expression is longer than {MAX_LENGTH} characters: '{_shorten(text)}'")
+        raise ConfigError(f"{where}: expression is longer than {MAX_LENGTH} characters: '{shorten(text)}'")
     depth = deepest = 0
     for char in text:
         depth += (char in "([{") - (char in ")]}")
         deepest = max(deepest, depth)
     if deepest > MAX_DEPTH:
-        raise ConfigError(f"{where}: brackets are nested deeper than {MAX_DEPTH} levels: '{_shorten(text)}'")
+        raise ConfigError(f"{where}: brackets are nested deeper than {MAX_DEPTH} levels: '{shorten(text)}'")
     return text.strip()
 
 
@@ -542,7 +384,7 @@ def _parse(source: str, text: str, where: str) -> ast.Expression:
         return ast.parse(source, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         reason = getattr(error, "msg", None) or type(error).__name__
-        raise ConfigError(f"{where}: '{_shorten(text)}' is not a valid expression ({reason})") from None
+        raise ConfigError(f"{where}: '{shorten(text)}' is not a valid expression ({reason})") from None
 
 
 def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:
@@ -582,11 +424,11 @@ def compile_index(text: str, where: str) -> tuple[Any, ...]:
     """Turn a literal index like ``"[:, 3:5]"`` into ``(slice(None), slice(3, 5))``; nothing is evaluated."""
     text = _check_size(text, where)
     if not (text.startswith("[") and text.endswith("]")):
-        raise ConfigError(f"{where}: an index must be written in brackets, like '[:, 3:5]'; got '{_shorten(text)}'")
+        raise ConfigError(f"{where}: an index must be written in brackets, like '[:, 3:5]'; got '{shorten(text)}'")
     source = "x" + text
     body = _parse(source, text, where).body
     if not (isinstance(body, ast.Subscript) and isinstance(body.value, ast.Name)):
-        raise ConfigError(f"{where}: '{_shorten(text)}' is not a single index like '[:, 3:5]'")
+        raise ConfigError(f"{where}: '{shorten(text)}' is not a single index like '[:, 3:5]'")
     parts = body.slice.elts if isinstance(body.slice, ast.Tuple) else [body.slice]
     index = []
     for part in parts:
@@ -594,5 +436,5 @@ def compile_index(text: str, where: str) -> tuple[Any, ...]:
             index.append(_literal_index_part(part))
         except ValueError as error:
             segment = ast.get_source_segment(source, part) or text
-            raise ConfigError(f"{where}: {error}: '{segment}' in '{_shorten(text)}'") from None
+            raise ConfigError(f"{where}: {error}: '{segment}' in '{shorten(text)}'") from None
     return tuple(index)
