@@ -45,6 +45,7 @@ def child(mode: str, batches: int, directory: str) -> dict[str, Any]:
     import torch
 
     import surgery
+    from surgery.app.job import write_shard
     from surgery.models.cnn import CNN
 
     torch.set_num_threads(1)
@@ -69,7 +70,7 @@ def child(mode: str, batches: int, directory: str) -> dict[str, Any]:
         for i in range(batches):
             model(xs[i])
             if mode == "disk" and s is not None:
-                shards += s.flush(Path(directory)) is not None
+                shards += write_shard(s, Path(directory), shards)
     seconds = time.perf_counter() - start
     held = 0
     if s is not None:

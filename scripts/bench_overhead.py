@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 import surgery
-from surgery.engine import hooks_on
+from surgery.core.engine import hooks_on
 from surgery.models.mlp import MLP
 
 LINEAR = ("Linear", "Conv1D")  # GPT-2's linear layers are transformers' Conv1D

@@ -109,7 +109,7 @@ def plan_counts(model: nn.Module) -> list[int]:
 def breakdown(model: nn.Module) -> dict[str, float]:
     """Where ``surgery.plan`` spends its time: the module walk, the index, the plan warnings (internal names;
     a part whose function no longer exists is left out)."""
-    from surgery import compiler, select
+    from surgery.core import compiler, select
 
     plan = surgery.plan(model, ACTIONS)
     parts: dict[str, Callable[[], Any]] = {"named_modules() walk": lambda: list(model.named_modules())}

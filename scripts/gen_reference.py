@@ -1,4 +1,4 @@
-"""Write docs/config.md and docs/expressions.md from the code: schemas, kind registry, conf/ and surgery/expr*.py.
+"""Write docs/config.md and docs/expressions.md from the code: schemas, kind registry, conf/ and surgery/expr/.
 
 ``python scripts/gen_reference.py`` writes both; ``--check`` exits 1 when either is out of date.
 """
@@ -22,11 +22,13 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # document this checkout's code, even where another surgery is installed
 
-from surgery import expr, expr_runtime, schema  # noqa: E402
 from surgery.actions import KINDS  # noqa: E402
+from surgery.core import schema  # noqa: E402
+from surgery.core.paths import config_dir, group_options  # noqa: E402
 from surgery.errors import ConfigError  # noqa: E402
+from surgery.expr import check as expr  # noqa: E402
+from surgery.expr import runtime as expr_runtime  # noqa: E402
 from surgery.models.functions import Function_C  # noqa: E402
-from surgery.paths import config_dir, group_options  # noqa: E402
 
 DOC = ROOT / "docs" / "config.md"
 EXPR_DOC = ROOT / "docs" / "expressions.md"
@@ -161,7 +163,7 @@ def kinds() -> list[str]:
             raise ValueError(f"action kind {name!r} ({kind.__qualname__}) has no docstring")
         rows = field_rows(kind.schema, skip=common)
         lines += [f"### `{name}`", "", first_paragraph(kind.__doc__), ""]
-        lines += [f"Mechanism: {kind.mechanism}. Schema: `surgery.schema.{kind.schema.__name__}`.", ""]
+        lines += [f"Mechanism: {kind.mechanism}. Schema: `surgery.core.schema.{kind.schema.__name__}`.", ""]
         lines += [*table(["key", "type", "default", "meaning"], rows), ""] if rows else ["No keys of its own.", ""]
         if name in KIND_CHOICES:
             key, values = KIND_CHOICES[name]
@@ -432,12 +434,12 @@ def refusal(compile_text: Callable[[str, str], Any], text: str, where: str = WHE
 
 
 def torch_name(function: Callable[..., Any]) -> str:
-    """The public torch name of an expression function; a wrapper ``_name`` in surgery.expr_runtime drops
+    """The public torch name of an expression function; a wrapper ``_name`` in surgery.expr.runtime drops
     ``inplace``."""
     if function.__module__ == expr_runtime.__name__:
         wrapped = function.__name__.lstrip("_")
         if not callable(getattr(F, wrapped, None)):
-            raise ValueError(f"surgery.expr_runtime.{function.__name__} wraps no torch.nn.functional.{wrapped}")
+            raise ValueError(f"surgery.expr.runtime.{function.__name__} wraps no torch.nn.functional.{wrapped}")
         return f"`torch.nn.functional.{wrapped}` without its `inplace` argument"
     for prefix, namespace in (("torch", torch), ("torch.nn.functional", F), ("torch.linalg", torch.linalg)):
         found = sorted(name for name, value in vars(namespace).items() if value is function and name[0] != "_")
@@ -466,7 +468,7 @@ def code(text: str) -> str:
 def expression_places() -> list[str]:
     """Where expressions go and the variables each place gives them."""
     if set(VARIABLES) != set(expr.NAMES) or {n for p in PLACES.values() for n in p.names} != set(expr.NAMES):
-        raise ValueError(f"VARIABLES and PLACES must describe exactly surgery.expr.NAMES: {expr.NAMES}")
+        raise ValueError(f"VARIABLES and PLACES must describe exactly surgery.expr.check.NAMES: {expr.NAMES}")
     rows = [[f"`{p.kind}`", ", ".join(f"`{n}`" for n in p.names), p.becomes] for p in PLACES.values()]
     examples = {kind: next(e for e in EXAMPLES if e.kind == kind) for kind in PLACES}
     return [
@@ -529,7 +531,7 @@ def expression_grammar() -> list[str]:
 
 
 def expression_allowlists() -> list[str]:
-    """The functions, tensor methods and tensor attributes, straight from surgery.expr."""
+    """The functions, tensor methods and tensor attributes, straight from surgery.expr.check."""
     rows = [[f"`{name}`", torch_name(function)] for name, function in sorted(expr.FUNCTIONS.items())]
     return [
         "## Functions",
@@ -592,7 +594,7 @@ def render_expressions() -> str:
     header = [
         "# Expressions",
         "",
-        "Generated from `surgery/expr.py` and `surgery/expr_runtime.py` by `python scripts/gen_reference.py`:"
+        "Generated from `surgery/expr/check.py` and `surgery/expr/runtime.py` by `python scripts/gen_reference.py`:"
         " do not edit by hand.",
         "",
         "An `expr` is one line of Python-like arithmetic over tensors, such as `x * module.W + module.b`",

@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from surgery.compiler import Plan, compile_plan
-from surgery.engine import Surgery, apply_plan
+from surgery.core.compiler import Plan, compile_plan
+from surgery.core.engine import Surgery, apply_plan
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """``python -m surgery``."""
 
-from surgery.cli import main
+from surgery.app.cli import main
 
 main()

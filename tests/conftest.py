@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from surgery.engine import hooks_on
+from surgery.core.engine import hooks_on
 from surgery.models.functions import Functions
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import surgery
-from surgery.schema import INIT_METHODS
+from surgery.core.schema import INIT_METHODS
 from tests.conftest import PairOut, TinyNet, run_both
 
 

@@ -22,7 +22,7 @@ import bench_overhead  # noqa: E402
 import bench_plan  # noqa: E402
 
 import surgery  # noqa: E402
-from surgery.engine import hooks_on  # noqa: E402
+from surgery.core.engine import hooks_on  # noqa: E402
 
 TASK_MODES = [(task, mode) for task in bench_overhead.TASKS for mode in task.modes]
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from surgery.app.job import run_job
+from surgery.core.paths import config_dir, group_options
 from surgery.errors import SurgeryError
-from surgery.paths import config_dir, group_options
-from surgery.run import run_job
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -234,8 +234,8 @@ def test_saved_surgered_model_reloads_strictly_from_the_cli(tmp_path: Path) -> N
 @pytest.mark.parametrize("actions", group_options("actions"))
 def test_shipped_recipes_run_no_code_they_name(actions: str) -> None:
     """Every shipped recipe passes safe=true: no import path, no _target_ outside torch/surgery."""
-    from surgery.callables import check_targets
-    from surgery.compiler import load_actions
+    from surgery.core.callables import check_targets
+    from surgery.core.compiler import load_actions
 
     def import_paths(node: object) -> list[str]:
         if isinstance(node, dict):

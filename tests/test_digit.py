@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from surgery.digit import render_digit
-from surgery.inputs import make_inputs
+from surgery.app.digit import render_digit
+from surgery.app.inputs import make_inputs
 
 
 @pytest.mark.parametrize("digit", range(10))

@@ -93,7 +93,7 @@ def test_wrapped_models_use_the_same_recipe(tiny: TinyNet, x_img) -> None:
 def test_plan_accepts_a_name_a_yaml_path_a_dict_and_a_dictconfig(tmp_path, functions) -> None:
     from omegaconf import OmegaConf
 
-    from surgery.paths import config_dir
+    from surgery.core.paths import config_dir
 
     as_dict = dict(OmegaConf.to_container(OmegaConf.load(config_dir() / "actions" / "function_linear.yaml")))
     path = tmp_path / "mine.yaml"

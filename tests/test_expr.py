@@ -16,7 +16,7 @@ from torch import nn
 
 import surgery
 from surgery.errors import ActionError, ConfigError
-from surgery.expr import (
+from surgery.expr.check import (
     FUNCTIONS,
     MAX_LENGTH,
     NAMES,
@@ -470,7 +470,10 @@ def test_compile_index_refuses_everything_else(text: str, fragment: str) -> None
 
 def test_float_comparison_works_in_a_fresh_process() -> None:
     """The first `x > 0.5` of a process runs inside an expression (as in a fresh CLI run) and must still work."""
-    code = "import torch; from surgery.expr import compile_expr; print(compile_expr('x > 0.5', 'e')(x=torch.ones(2)))"
+    code = (
+        "import torch; from surgery.expr.check import compile_expr;"
+        " print(compile_expr('x > 0.5', 'e')(x=torch.ones(2)))"
+    )
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-500:]

@@ -163,8 +163,8 @@ def test_on_load_with_nothing_to_do_is_an_error(tiny: TinyNet) -> None:
 
 
 def test_activation_patching_from_an_earlier_runs_captures(tmp_path) -> None:
-    from surgery.io import write_tensors
-    from surgery.report import flatten_captures
+    from surgery.app.io import write_tensors
+    from surgery.core.records import flatten_captures
 
     torch.manual_seed(0)
     model = CNN().eval()
@@ -226,7 +226,7 @@ def test_modify_input_by_keyword_name_whether_passed_by_keyword_or_position() ->
 
 
 def test_capture_records_keyword_inputs_and_dict_outputs_by_key(tmp_path) -> None:
-    from surgery.report import flatten_captures
+    from surgery.core.records import flatten_captures
 
     model = KwBlock()
     h, s = torch.ones(2), torch.full((2,), 3.0)

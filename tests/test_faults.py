@@ -24,8 +24,8 @@ from torch import nn
 
 import surgery
 from surgery.actions import KINDS
+from surgery.core.ledger import Ledger
 from surgery.errors import ActionError
-from surgery.ledger import Ledger
 from tests.conftest import Snapshot, TinyNet, run_both
 from tests.test_contract import CASES
 
@@ -257,7 +257,7 @@ def files_in(directory: Path) -> list[str]:
 def test_ctrl_c_while_writing_json_leaves_no_file_and_no_temp_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from surgery.io import write_json
+    from surgery.app.io import write_json
 
     monkeypatch.setattr(Path, "write_text", lambda self, text, *a, **k: interrupt_half_way(self, text.encode()))
     with pytest.raises(KeyboardInterrupt):
@@ -266,7 +266,7 @@ def test_ctrl_c_while_writing_json_leaves_no_file_and_no_temp_file(
 
 
 def test_ctrl_c_while_overwriting_keeps_the_old_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from surgery.io import write_json
+    from surgery.app.io import write_json
 
     write_json(tmp_path / "report.json", {"old": True})
     old = (tmp_path / "report.json").read_text()
@@ -282,7 +282,7 @@ def test_ctrl_c_while_writing_tensors_leaves_no_file_and_no_temp_file(
 ) -> None:
     import safetensors.torch
 
-    from surgery.io import write_tensors
+    from surgery.app.io import write_tensors
 
     def save_half(tensors: dict[str, torch.Tensor], filename: str, *a: Any, **k: Any) -> None:
         interrupt_half_way(Path(filename), safetensors.torch.save(tensors))
@@ -298,7 +298,7 @@ def test_ctrl_c_while_a_run_writes_its_captures_leaves_no_outputs(
 ) -> None:
     import safetensors.torch
 
-    from surgery.run import run_job
+    from surgery.app.job import run_job
     from tests.test_cli import composed
 
     def save_half(tensors: dict[str, torch.Tensor], filename: str, *a: Any, **k: Any) -> None:

@@ -18,10 +18,10 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch import nn  # noqa: E402
 
 import surgery  # noqa: E402
+from surgery.app.job import run_job  # noqa: E402
+from surgery.core.paths import config_dir  # noqa: E402
 from surgery.errors import ConfigError  # noqa: E402
 from surgery.models.hf import bert_tiny, gpt2_tiny  # noqa: E402
-from surgery.paths import config_dir  # noqa: E402
-from surgery.run import run_job  # noqa: E402
 from tests.conftest import Snapshot  # noqa: E402
 
 FACTORIES = {"gpt2_tiny": gpt2_tiny, "bert_tiny": bert_tiny}

@@ -29,9 +29,9 @@ def test_wheel_holds_every_config_file(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {f"surgery/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
     assert shipped and shipped <= names
-    assert "surgery/cli.py" in names
+    assert "surgery/app/cli.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "surgery = surgery.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "surgery = surgery.app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_installed_wheel_runs_the_main_job_from_another_directory(wheel: Path, tmp_path: Path) -> None:

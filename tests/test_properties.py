@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import surgery
+from surgery.core.globs import ROOT, compile_globs
+from surgery.core.select import module_targets, select_modules
 from surgery.errors import ActionError, SurgeryError
-from surgery.expr import compile_expr
-from surgery.globs import ROOT, compile_globs
-from surgery.select import module_targets, select_modules
+from surgery.expr.check import compile_expr
 from tests.conftest import Snapshot, TinyNet, run_both
 
 

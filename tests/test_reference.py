@@ -15,9 +15,9 @@ from torch import nn
 
 import surgery
 from surgery.actions import KINDS
+from surgery.core.schema import RunSettings
 from surgery.errors import ConfigError
-from surgery.expr import FUNCTIONS, NAMES, TENSOR_ATTRIBUTES, TENSOR_METHODS, compile_expr
-from surgery.schema import RunSettings
+from surgery.expr.check import FUNCTIONS, NAMES, TENSOR_ATTRIBUTES, TENSOR_METHODS, compile_expr
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gen_reference.py"
 

@@ -15,9 +15,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from surgery import replay
-from surgery.paths import config_dir
-from surgery.run import run_job
+from surgery.app import replay
+from surgery.app.job import run_job
+from surgery.core.paths import config_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FINGERPRINTS = ("config", "matched_modules", "input", "state_dict_before", "state_dict_after", "output")

@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from surgery.errors import ConfigError
-from surgery.globs import ROOT, compile_globs, type_matcher
-from surgery.select import (
+from surgery.core.globs import ROOT, compile_globs, type_matcher
+from surgery.core.select import (
     ModuleIndex,
     Target,
     as_list,
@@ -22,6 +21,7 @@ from surgery.select import (
     select_modules,
     select_params,
 )
+from surgery.errors import ConfigError
 
 NAMES = [
     "<root>",

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 import surgery
+from surgery.app.job import run_job
 from surgery.errors import ConfigError
-from surgery.run import run_job
 from tests.test_cli import REPO, composed
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from surgery import sweep
+from surgery.app import sweep
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from surgery.core.globs import compile_globs
+from surgery.core.ledger import Ledger
+from surgery.core.registry import Registry
+from surgery.core.select import Target, closest_names, select_params
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError, did_you_mean
-from surgery.globs import compile_globs
-from surgery.ledger import Ledger
-from surgery.registry import Registry
-from surgery.select import Target, closest_names, select_params
 
 APPLY_PASS = "apply pass"
 FORWARD_PRE_HOOK = "forward pre-hook"

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, Step, hook_failed
-from surgery.ledger import Ledger
-from surgery.records import Call, Record, Running, detached
-from surgery.schema import CaptureAction, LogAction
-from surgery.select import Target
+from surgery.core.ledger import Ledger
+from surgery.core.records import Call, Record, Running, detached
+from surgery.core.schema import CaptureAction, LogAction
+from surgery.core.select import Target
 
 
 @KINDS.register("capture")

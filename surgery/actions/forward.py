@@ -25,13 +25,13 @@ from surgery.actions.base import (
     tensor_named,
 )
 from surgery.actions.ops import make_op, patch_shape
-from surgery.callables import resolve_callable
+from surgery.core.callables import resolve_callable
+from surgery.core.ledger import Ledger
+from surgery.core.schema import ModifyAction, ReplaceForwardAction
+from surgery.core.select import Target
+from surgery.core.structure import get_item, replace_item
 from surgery.errors import ConfigError
-from surgery.expr import compile_expr, compile_index
-from surgery.ledger import Ledger
-from surgery.schema import ModifyAction, ReplaceForwardAction
-from surgery.select import Target
-from surgery.structure import get_item, replace_item
+from surgery.expr.check import compile_expr, compile_index
 
 Compute = Callable[[nn.Module, tuple[Any, ...], Any], Any]
 

@@ -29,11 +29,11 @@ from surgery.actions.base import (
     tensors_of,
 )
 from surgery.actions.ops import make_op
+from surgery.core.ledger import Ledger
+from surgery.core.records import Call
+from surgery.core.schema import CaptureGradAction, ModifyGradAction
+from surgery.core.select import Target
 from surgery.errors import ConfigError
-from surgery.ledger import Ledger
-from surgery.records import Call
-from surgery.schema import CaptureGradAction, ModifyGradAction
-from surgery.select import Target
 
 Grads = tuple[torch.Tensor | None, ...]
 

@@ -21,10 +21,10 @@ from surgery.actions.base import (
     tensors_named,
     tensors_of,
 )
+from surgery.core.ledger import Ledger
+from surgery.core.schema import InitAction, InitSpec
+from surgery.core.select import Target
 from surgery.errors import ConfigError
-from surgery.ledger import Ledger
-from surgery.schema import InitAction, InitSpec
-from surgery.select import Target
 
 NEEDS_2D = ("xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal", "orthogonal")
 

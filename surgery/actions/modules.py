@@ -8,11 +8,11 @@ from typing import Any
 from torch import nn
 
 from surgery.actions.base import APPLY_PASS, KINDS, BindContext, Kind, Step
-from surgery.callables import instantiate_node
+from surgery.core.callables import instantiate_node
+from surgery.core.ledger import Ledger
+from surgery.core.schema import ReplaceModuleAction
+from surgery.core.select import ROOT, Target
 from surgery.errors import ConfigError
-from surgery.ledger import Ledger
-from surgery.schema import ReplaceModuleAction
-from surgery.select import ROOT, Target
 
 
 def _move_like(new: nn.Module, old: nn.Module) -> nn.Module:

@@ -15,10 +15,10 @@ import torch
 
 from surgery.actions.base import KeyedError, seed_for
 from surgery.actions.noise import noise_stream
-from surgery.callables import resolve_callable
+from surgery.core.callables import resolve_callable
+from surgery.core.schema import OpArgs
 from surgery.errors import ActionError, ConfigError, did_you_mean
-from surgery.expr import compile_expr, compile_index
-from surgery.schema import OpArgs
+from surgery.expr.check import compile_expr, compile_index
 
 Op = Callable[[torch.Tensor, Any], torch.Tensor]
 

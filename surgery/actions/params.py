@@ -24,10 +24,10 @@ from surgery.actions.base import (
     tensors_of,
 )
 from surgery.actions.init import check_fits, fill_
+from surgery.core.ledger import Ledger
+from surgery.core.schema import AddBufferAction, AddParameterAction, FreezeAction
+from surgery.core.select import Target
 from surgery.errors import ConfigError
-from surgery.ledger import Ledger
-from surgery.schema import AddBufferAction, AddParameterAction, FreezeAction
-from surgery.select import Target
 
 
 def _home(module: nn.Module, root: nn.Module) -> tuple[torch.dtype, torch.device]:

@@ -8,11 +8,11 @@ from typing import Any
 from torch import nn
 
 from surgery.actions.base import KINDS, STATE_DICT_HOOK, BindContext, Kind, Step, hook_failed
+from surgery.core.globs import ROOT, glob_rename
+from surgery.core.ledger import Ledger
+from surgery.core.schema import OnLoadAction
+from surgery.core.select import Target
 from surgery.errors import ConfigError
-from surgery.globs import ROOT, glob_rename
-from surgery.ledger import Ledger
-from surgery.schema import OnLoadAction
-from surgery.select import Target
 
 
 def _renamer(rename: dict[str, str], where: str) -> Callable[[str], str]:

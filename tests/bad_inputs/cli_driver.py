@@ -2,7 +2,7 @@
 
 ``python -m tests.bad_inputs.cli_driver SPEC.json``: SPEC maps a run id to ``[cwd, args]``.
 torch, Hydra and surgery are imported once; then each case runs in a forked child process
-exactly as ``surgery/__main__.py`` does (``surgery.cli.main()`` with ``sys.argv`` set), with
+exactly as ``surgery/__main__.py`` does (``surgery.app.cli.main()`` with ``sys.argv`` set), with
 its own working directory, its own stdout/stderr files (``cwd/.stdout``, ``cwd/.stderr``) and
 its own exit status, which the driver prints as JSON. A real interpreter start costs seconds,
 mostly importing torch; a fork costs milliseconds.
@@ -15,8 +15,8 @@ import os
 import sys
 import traceback
 
-import surgery.cli
-import surgery.run  # noqa: F401 - imported lazily by the CLI; loaded here once, before forking
+import surgery.app.cli
+import surgery.app.job  # noqa: F401 - imported lazily by the CLI; loaded here once, before forking
 
 
 def run_case(cwd: str, args: list[str]) -> int:
@@ -32,7 +32,7 @@ def run_case(cwd: str, args: list[str]) -> int:
             os.dup2(os.open(os.path.join(cwd, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         sys.argv = ["surgery", *args]
         try:
-            surgery.cli.main()
+            surgery.app.cli.main()
             code = 0
         except SystemExit as e:  # what the interpreter does with an uncaught SystemExit
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

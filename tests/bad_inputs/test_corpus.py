@@ -4,7 +4,7 @@ Each row runs in-process: ``run_job`` on the real composed config (a ``SurgeryEr
 row's type, one plain line starting with the key, raised before applying unless the row says
 ``at="forward"``, nothing written), and action rows also through ``surgery.plan/apply`` on a
 model (which stays bit-identical). A representative subset runs through the CLI, each case in
-its own process (``cli_driver``: forked ``surgery.cli.main()`` runs, one interpreter start for
+its own process (``cli_driver``: forked ``surgery.app.cli.main()`` runs, one interpreter start for
 all, next to one real ``python -m surgery``): exit 2, on stderr exactly ``error: `` + the
 in-process message, no traceback, nothing written. docs/errors.md quotes are checked verbatim.
 """
@@ -27,11 +27,11 @@ import torch
 from omegaconf import open_dict
 
 import surgery
-import surgery.run as run_module
-from surgery.engine import apply_plan
+import surgery.app.job as run_module
+from surgery.app.job import run_job
+from surgery.core.engine import apply_plan
 from surgery.errors import SurgeryError
 from surgery.models.cnn import CNN
-from surgery.run import run_job
 from tests.bad_inputs.cases import CASES, Case, by_id
 from tests.bad_inputs.files import WRITERS
 from tests.conftest import Snapshot
@@ -190,7 +190,7 @@ def cli_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cli_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliResult]:
-    """The CLI subset, each case in its own process: forked ``surgery.cli.main()`` runs (``cli_driver``, one
+    """The CLI subset, each case in its own process: forked ``surgery.app.cli.main()`` runs (``cli_driver``, one
     interpreter start for all) alongside one real ``python -m surgery`` (the verbose case)."""
     root = tmp_path_factory.mktemp("cli")
     spec = {}

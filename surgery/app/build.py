@@ -9,10 +9,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.callables import check_targets, instantiate_reason
+from surgery.app.io import load_checkpoint
+from surgery.core.callables import check_targets, instantiate_reason
+from surgery.core.schema import RunSettings, validate
 from surgery.errors import ConfigError, SurgeryError, did_you_mean
-from surgery.io import load_checkpoint
-from surgery.schema import RunSettings, validate
 
 MODEL_EXTRAS = ("checkpoint", "input")
 
@@ -77,7 +77,7 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
 
 def module_table(model: nn.Module) -> str:
     """One line per module: name, type, own parameter shapes, parameter count below it."""
-    from surgery.select import module_targets
+    from surgery.core.select import module_targets
 
     rows = [("name", "type", "params", "own tensors")]
     for t in module_targets(model):

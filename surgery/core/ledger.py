@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from torch.utils.hooks import RemovableHandle
 
-from surgery.records import Record
+from surgery.core.records import Record
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from surgery.errors import ActionError, ConfigError, did_you_mean
-from surgery.expr_runtime import (
+from surgery.expr.runtime import (
     FUNCTIONS,
     GLOBALS,
     NUMBER_TYPES,

@@ -13,14 +13,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.build import build_model, module_table, resolve_device, seed_everything, settings_of
-from surgery.compiler import Plan, compile_plan, load_actions
-from surgery.engine import Surgery, apply_plan, hooks_on
+from surgery.app.build import build_model, module_table, resolve_device, seed_everything, settings_of
+from surgery.app.inputs import batch_count, loss_of, make_inputs
+from surgery.app.io import read_tensors, write_json, write_tensors
+from surgery.app.report import difference, environment, fingerprint, first_tensor, stats
+from surgery.core.compiler import Plan, compile_plan, load_actions
+from surgery.core.engine import Surgery, apply_plan, hooks_on
+from surgery.core.records import flatten_captures
+from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
-from surgery.inputs import batch_count, loss_of, make_inputs
-from surgery.io import read_tensors, write_json, write_tensors
-from surgery.report import difference, environment, fingerprint, first_tensor, flatten_captures, stats
-from surgery.schema import RunSettings
 
 
 def forward(model: nn.Module, inputs: tuple[torch.Tensor, ...], settings: RunSettings, target: Any) -> Any:
@@ -83,7 +84,7 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if saved is not None:
         write_tensors(out_dir / "model.safetensors", saved)
     write_json(out_dir / "report.json", report)
-    from surgery.report_md import write_report_md
+    from surgery.app.report_md import write_report_md
 
     write_report_md(report, out_dir, [out_dir / p for p in report["plots"]])
     print(summary_line(report, out_dir))
@@ -220,13 +221,23 @@ def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str]:
     clock = time.perf_counter()
     first: Any = None
     prints = []
+    shards = 0
     for batch in progress(range(job.batches), "batches"):
         output = surgered_forward(job, job.batch_inputs(batch))
         first = output if batch == 0 else first
         prints.append(fingerprint(output))
-        surgery.flush(out_dir / "captures")
+        shards += write_shard(surgery, out_dir / "captures", shards)
     job.timings["forward_s"] = time.perf_counter() - clock
     return first, prints[0] if job.batches == 1 else fingerprint(prints)
+
+
+def write_shard(surgery: Surgery, directory: Path, number: int) -> int:
+    """Write the ``to: disk`` calls since the last shard to ``directory/batch-NNNNN.safetensors``; 1 if written."""
+    flat = surgery.take_streamed()
+    if not flat:
+        return 0
+    write_tensors(directory / f"batch-{number:05d}.safetensors", flat)
+    return 1
 
 
 def _streamed(plan: Plan) -> set[str]:
@@ -236,7 +247,7 @@ def _streamed(plan: Plan) -> set[str]:
 def _plot(surgery: Surgery, out_dir: Path) -> list[Path]:
     if not surgery.plotted:
         return []
-    from surgery.plots import plot_records  # matplotlib only when plotting
+    from surgery.app.plots import plot_records  # matplotlib only when plotting
 
     return plot_records(surgery.captures, surgery.plotted, out_dir)
 

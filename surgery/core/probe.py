@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from surgery.actions.base import ShapeCheck, Step
+from surgery.core.select import Target
+from surgery.core.structure import get_item
 from surgery.errors import ConfigError
-from surgery.select import Target
-from surgery.structure import get_item
 
 
 def check_before_apply(model: nn.Module, steps: list[Step], example_inputs: tuple[Any, ...], batches: int) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from surgery.core.paths import config_dir, group_options
 from surgery.errors import SurgeryError
-from surgery.paths import config_dir, group_options
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -50,7 +50,7 @@ def _task(cfg: DictConfig) -> None:
         return
     from hydra.core.hydra_config import HydraConfig
 
-    from surgery.run import run_job
+    from surgery.app.job import run_job
 
     verbose = bool(cfg.get("verbose", False))
     try:

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from surgery.actions.base import generator_for
+from surgery.app.io import read_input_file
 from surgery.errors import ConfigError
-from surgery.io import read_input_file
 
 INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab", "seed", "batches", "digit")
 
@@ -59,7 +59,7 @@ def make_inputs(
             tensor = _fit(tensor, shapes[0], str(path))
         return (tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype),)
     if kind == "digit":
-        from surgery.digit import render_digit
+        from surgery.app.digit import render_digit
 
         digit = spec.get("digit", 3)
         if not isinstance(digit, int) or not 0 <= digit <= 9:

@@ -1,4 +1,4 @@
-"""Pick modules and parameters by glob (the rule is in :mod:`surgery.globs`).
+"""Pick modules and parameters by glob (the rule is in :mod:`surgery.core.globs`).
 
 Names are ``model.named_modules()`` names; the root module is ``<root>``.
 
@@ -31,8 +31,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from surgery.core.globs import GLOB_CHARS, ROOT, glob_regex, type_matcher
 from surgery.errors import ConfigError
-from surgery.globs import GLOB_CHARS, ROOT, glob_regex, type_matcher
 
 WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 DDP_TYPE_NAMES = frozenset({"DistributedDataParallel", "DataParallel"})

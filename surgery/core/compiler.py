@@ -17,10 +17,10 @@ from torch import nn
 
 from surgery.actions import KINDS
 from surgery.actions.base import BindContext, Step
+from surgery.core.paths import config_dir, group_options
+from surgery.core.schema import validate
+from surgery.core.select import ModuleIndex, Target, as_list, closest_names
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
-from surgery.paths import config_dir, group_options
-from surgery.schema import validate
-from surgery.select import ModuleIndex, Target, as_list, closest_names
 
 SHOWN = 6  # matched names shown per row of the plan table
 
@@ -154,7 +154,7 @@ def compile_plan(
             index = ModuleIndex.from_targets(_with_replacements(index.targets(), step.replaced))
     plan.index = index
     if example_inputs is not None:
-        from surgery.probe import check_before_apply
+        from surgery.core.probe import check_before_apply
 
         check_before_apply(plan.model, plan.steps, example_inputs, batches)
     return plan

@@ -9,8 +9,6 @@ from typing import Any
 
 import torch
 
-from surgery.records import Record
-
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().to("cpu").contiguous()
@@ -84,33 +82,6 @@ def first_tensor(value: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return v
     return value
-
-
-def flatten_captures(captures: dict[str, dict[str, Record]]) -> dict[str, torch.Tensor]:
-    """Captures as ``ACTION/MODULE/WHAT[/CALL]`` → tensor; tuple elements are ``WHAT.i``, keywords ``input.NAME``.
-
-    A dict output (e.g. a ``ModelOutput``) gives ``output.KEY``.
-    """
-    flat: dict[str, torch.Tensor] = {}
-    for action, records in captures.items():
-        for key, record in records.items():
-            for what, summary in record.reduced.items():
-                for stat, tensor in summary.items():
-                    flat[f"{action}/{key}/{what}/{stat}"] = tensor
-            several = len(record.calls) > 1
-            for i, call in enumerate(record.calls):
-                suffix = f"/{i}" if several else ""
-                for what in ("input", "kwargs", "output", "grad_input", "grad_output", "grad"):
-                    value = getattr(call, what)
-                    what = "input" if what == "kwargs" else what
-                    if isinstance(value, torch.Tensor):
-                        flat[f"{action}/{key}/{what}{suffix}"] = value
-                    elif isinstance(value, (tuple, list, dict)):
-                        items = value.items() if isinstance(value, dict) else enumerate(value)
-                        for j, v in items:
-                            if isinstance(v, torch.Tensor):
-                                flat[f"{action}/{key}/{what}.{j}{suffix}"] = v
-    return flat
 
 
 def environment(device: str) -> dict[str, str]:

@@ -6,20 +6,17 @@ import warnings
 import weakref
 from collections.abc import Mapping
 from functools import partial
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch import nn
 
-from surgery.compiled import RAN, WRAPPER, compiled_state
-from surgery.compiler import Plan, compile_plan
+from surgery.core.compiled import RAN, WRAPPER, compiled_state
+from surgery.core.compiler import Plan, compile_plan
+from surgery.core.ledger import Ledger
+from surgery.core.records import Record, flatten_captures
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
-from surgery.io import write_tensors
-from surgery.ledger import Ledger
-from surgery.records import Record
-from surgery.report import flatten_captures
 
 
 class Surgery:
@@ -35,7 +32,6 @@ class Surgery:
         self.plan = plan
         self._ledger = ledger
         self.active = True
-        self._shards = 0
 
     @property
     def captures(self) -> dict[str, dict[str, Record]]:
@@ -52,23 +48,17 @@ class Surgery:
         """Hooks registered per action (while active)."""
         return dict(self._ledger.hook_count)
 
-    def flush(self, directory: Path) -> Path | None:
-        """Write the calls of ``to: disk`` captures to the next shard in ``directory`` and forget them.
+    def take_streamed(self) -> dict[str, torch.Tensor]:
+        """The calls of ``to: disk`` captures since the last take, keyed ``ACTION/MODULE/WHAT[/CALL]``, then forgotten.
 
-        Called after each batch, this bounds capture memory by about one batch. Shards are
-        ``directory/batch-00000.safetensors``, ... with keys ``ACTION/MODULE/WHAT[/CALL]``.
+        Taken after each batch (the CLI writes them as one shard), this bounds capture memory by about one batch.
         """
         streamed = {a: self._ledger.captures.get(a, {}) for a in self._ledger.streamed}
         flat = flatten_captures(streamed)
         for records in streamed.values():
             for record in records.values():
                 record.calls.clear()
-        if not flat:
-            return None
-        path = Path(directory) / f"batch-{self._shards:05d}.safetensors"
-        self._shards += 1
-        write_tensors(path, flat)
-        return path
+        return flat
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> Any:
         """Load a checkpoint into the surgered model through its ``on_load`` hooks; ``remove()`` undoes it."""

@@ -1,5 +1,5 @@
 """What checked expressions run with: the allowlisted functions, methods and attributes, the
-number guards, and the checked helpers that :mod:`surgery.expr`'s rewritten AST calls.
+number guards, and the checked helpers that :mod:`surgery.expr.check`'s rewritten AST calls.
 
 ``GLOBALS`` is the whole namespace an expression's function sees; the checker guarantees that
 expression text can name nothing in it that starts with ``_``.

@@ -1,6 +1,6 @@
 """The glob rule every string selector uses, compiled to regexes once.
 
-Names are canonical module names (see :mod:`surgery.select`); the root module is ``<root>``.
+Names are canonical module names (see :mod:`surgery.core.select`); the root module is ``<root>``.
 A pattern must match the whole name and is split on ``.`` into segments:
 
 ==============  =====================================================================

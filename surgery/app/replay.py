@@ -1,0 +1,137 @@
+"""Re-run a run from its saved config and check that every fingerprint comes out the same.
+
+    python -m surgery.app.replay outputs/2026-11-22/04-32-50            # into a temporary directory
+    python -m surgery.app.replay RUN_DIR --out replayed/                 # keep the new run's files
+
+Reads ``RUN_DIR/.hydra/config.yaml`` (the composed job config Hydra saved), runs it with
+``surgery.app.job.run_job`` (no Hydra runtime involved) and compares the new report's
+fingerprints with ``RUN_DIR/report.json``. Start it from the directory the original run
+was started from: relative paths in the config (``input.path``, ``model.checkpoint``,
+``from.file``) are read from there. Exit 0: all identical; 1: any differs; 2: bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from surgery.errors import SurgeryError
+
+EXIT_SAME = 0
+EXIT_DIFFERENT = 1
+EXIT_BAD_INPUT = 2
+SHORT = 12
+
+
+class ReplayError(Exception):
+    """Bad input to replay: one message, exit 2."""
+
+
+def load_run(run_dir: Path) -> tuple[DictConfig, dict[str, str]]:
+    """The saved job config and the fingerprints of a run directory, checked."""
+    if not run_dir.is_dir():
+        raise ReplayError(f"{run_dir}: no such directory")
+    config_file, report_file = run_dir / ".hydra" / "config.yaml", run_dir / "report.json"
+    for needed in (config_file, report_file):
+        if not needed.is_file():
+            raise ReplayError(
+                f"{run_dir}: no {needed.relative_to(run_dir)}; is this a run directory of `python -m surgery`?"
+            )
+    try:
+        cfg = OmegaConf.load(config_file)
+        report = json.loads(report_file.read_text())
+    except Exception as e:  # noqa: BLE001 - any parse failure is bad input
+        raise ReplayError(f"{run_dir}: cannot read the saved run ({type(e).__name__}: {e})") from None
+    if not isinstance(cfg, DictConfig) or cfg.get("model") is None:
+        raise ReplayError(f"{config_file}: not a surgery job config (no model)")
+    prints = report.get("fingerprints") if isinstance(report, dict) else None
+    if not isinstance(prints, dict) or not prints:
+        raise ReplayError(f"{report_file}: holds no fingerprints to compare")
+    return cfg, prints
+
+
+def compare(old: dict[str, str], new: dict[str, Any]) -> dict[str, bool]:
+    """{fingerprint: identical?} for every fingerprint of the original report."""
+    return {name: new.get(name) == value for name, value in old.items()}
+
+
+def table(old: dict[str, str], new: dict[str, Any], same: dict[str, bool]) -> str:
+    """An aligned table: fingerprint, identical/different, and both short hashes where they differ."""
+    width = max(len(name) for name in same)
+    lines = []
+    for name, ok in same.items():
+        line = f"{name:<{width}}  {'identical' if ok else 'different'}"
+        if not ok:
+            line += f"  (was {str(old[name])[:SHORT]}, now {str(new.get(name, 'missing'))[:SHORT]})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def replay(run_dir: Path, out_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """Run the saved config of ``run_dir`` into ``out_dir``; the old and the new fingerprints.
+
+    The job's own prints (plan table, summary line) go to stderr, so stdout holds the comparison.
+    """
+    from surgery.app.job import run_job
+
+    cfg, old = load_run(run_dir)
+    with contextlib.redirect_stdout(sys.stderr):
+        report = run_job(cfg, out_dir)
+    return old, report.get("fingerprints", {})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m surgery.app.replay RUN_DIR [--out DIR]``: 0 all identical, 1 any different, 2 bad input."""
+    parser = argparse.ArgumentParser(
+        prog="python -m surgery.app.replay",
+        description="Re-run RUN_DIR/.hydra/config.yaml and compare every fingerprint with RUN_DIR/report.json."
+        " Start it from the directory the original run started in (relative paths in the config).",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory holding report.json and .hydra/")
+    parser.add_argument("--out", default=None, help="write the new run here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    if args.out is not None and Path(args.out).resolve() == run_dir.resolve():
+        print("error: --out must not be RUN_DIR itself (its report would be overwritten)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out_dir = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="surgery-replay-"))
+    keep = args.out is not None
+    try:
+        old, new = replay(run_dir, out_dir)
+    except (ReplayError, SurgeryError, OmegaConfBaseException) as e:
+        hint = ""
+        if isinstance(e, SurgeryError) and "does not exist" in str(e):
+            hint = " (relative paths are read from the current directory: start replay where the run started)"
+        elif isinstance(e, OmegaConfBaseException):
+            hint = " (an interpolation the saved config cannot resolve without Hydra's runtime?)"
+        print(f"error: {e}{hint}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception:
+        traceback.print_exc()
+        print("error: the replayed run failed unexpectedly (exit 1)", file=sys.stderr)
+        return EXIT_DIFFERENT
+    finally:
+        if not keep and not (out_dir / "report.json").is_file():
+            shutil.rmtree(out_dir, ignore_errors=True)
+    same = compare(old, new)
+    print(table(old, new, same))
+    differ = [name for name, ok in same.items() if not ok]
+    if not differ:
+        if keep:
+            print(f"all {len(same)} fingerprints identical; new run in {out_dir}")
+        else:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            print(f"all {len(same)} fingerprints identical (the temporary new run is removed; --out DIR keeps one)")
+        return EXIT_SAME
+    print(f"{len(differ)} of {len(same)} fingerprints different: {', '.join(differ)}; new run in {out_dir}")
+    return EXIT_DIFFERENT

@@ -1,0 +1,354 @@
+"""Collect the reports of a ``-m`` sweep into ``summary.csv``, ``summary.md`` and a plot.
+
+    python -m surgery.app.sweep multirun/2026-11-22/04-32-50
+    python -m surgery.app.sweep DIR --metric difference.mse --x actions.scale_output.value
+
+DIR is one sweep: Hydra's ``hydra.sweep.dir``, holding a run directory per job
+(``DIR/0``, ``DIR/1``, ...) with its ``report.json`` and ``.hydra/overrides.yaml``.
+From Python: ``jobs = collect(DIR)``; ``summary_rows(jobs)`` gives the table's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from surgery.app.io import write_atomic
+
+DEFAULT_METRIC = "difference.max_abs"
+METRICS = ("difference.max_abs", "difference.mean_abs", "difference.mse", "difference.kl", "output.mean", "output.std")
+FINGERPRINT_CHARS = 12
+EXIT_BAD_INPUT = 2
+
+
+class SweepError(Exception):
+    """Bad input to the collector: one message, exit 2."""
+
+
+def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """One dict per job dir, sorted by job number: ``job``, ``dir``, ``overrides`` {name: value}, ``report``.
+
+    ``report`` is the parsed ``report.json``, or ``None`` for a job that wrote none (it failed
+    or never ran). Override names lose their ``+``/``++`` prefix; ``~name`` (a deletion) gives
+    the value ``"~"``.
+
+    >>> [job["overrides"]["actions.scale_output.value"] for job in collect("multirun/...")]  # doctest: +SKIP
+    ['0.5', '1', '2']
+    """
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise SweepError(f"{root}: no such directory")
+    dirs = [d for d in root.iterdir() if d.is_dir() and _is_job_dir(d)]
+    if not any((d / "report.json").is_file() for d in dirs):
+        raise SweepError(_no_reports_message(root))
+    jobs = []
+    for d in sorted(dirs, key=_job_order):
+        report_file = d / "report.json"
+        try:
+            report = json.loads(report_file.read_text()) if report_file.is_file() else None
+        except (OSError, ValueError) as e:
+            raise SweepError(f"{report_file}: not a readable report ({e})") from None
+        jobs.append({"job": d.name, "dir": str(d), "overrides": read_overrides(d), "report": report})
+    return jobs
+
+
+def read_overrides(job_dir: Path) -> dict[str, str]:
+    """A job's command-line overrides from ``.hydra/overrides.yaml`` as {name: value}; empty if absent."""
+    path = job_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return {}
+    lines = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or []
+    overrides: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = str(line).partition("=")
+        if name.startswith("~"):
+            overrides[name[1:]] = "~"
+            continue
+        overrides[name.lstrip("+")] = value if sep else ""
+    return overrides
+
+
+def lookup(report: dict[str, Any] | None, path: str) -> Any:
+    """The value at a dotted path in a report (list items by index), or ``None`` when absent."""
+    value: Any = report
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def varying(jobs: list[dict[str, Any]]) -> list[str]:
+    """The override names whose value is not the same in every job, in command-line order."""
+    names = _override_names(jobs)
+    return [n for n in names if len({job["overrides"].get(n) for job in jobs}) > 1]
+
+
+def summary_rows(jobs: list[dict[str, Any]], extra_metric: str | None = None) -> list[dict[str, Any]]:
+    """One flat row per job: job, status, overrides, difference metrics, output stats, restored, output print."""
+    metrics = [m for m in METRICS if any(_number(lookup(job["report"], m)) is not None for job in jobs)]
+    if extra_metric and extra_metric not in metrics:
+        metrics.append(extra_metric)
+    rows = []
+    for job in jobs:
+        report = job["report"]
+        row: dict[str, Any] = {"job": job["job"], "status": _status(report)}
+        row.update({name: job["overrides"].get(name, "") for name in _override_names(jobs)})
+        row.update({m: _cell(lookup(report, m)) for m in metrics})
+        row["restored"] = _cell(lookup(report, "restored"))
+        output_print = lookup(report, "fingerprints.output")
+        row["fingerprints.output"] = output_print[:FINGERPRINT_CHARS] if isinstance(output_print, str) else ""
+        rows.append(row)
+    return rows
+
+
+def write_summary(
+    sweep_dir: str | Path, metric: str = DEFAULT_METRIC, x: str | None = None, plot: bool = True
+) -> list[Path]:
+    """Collect, check metric and x, write ``summary.csv``, ``summary.md``, ``summary.png``; return the paths."""
+    root = Path(sweep_dir)
+    return write_collected(root, collect(root), metric, x, plot)
+
+
+def write_collected(root: Path, jobs: list[dict[str, Any]], metric: str, x: str | None, plot: bool) -> list[Path]:
+    """``write_summary`` for collected jobs; when plotting, nothing is written unless metric and x are usable."""
+    points = metric_points(jobs, metric) if plot else {}
+    axis = choose_x(jobs, x, points) if plot else None
+    has_metric = plot or any(lookup(job["report"], metric) is not None for job in jobs)
+    rows = summary_rows(jobs, metric if has_metric else None)
+    written = [root / "summary.csv", root / "summary.md"]
+    write_atomic(written[0], lambda p: p.write_text(to_csv(rows)))
+    write_atomic(written[1], lambda p: p.write_text(to_markdown(rows, root)))
+    if axis is not None:
+        written.append(root / "summary.png")
+        write_atomic(written[2], lambda p: plot_metric(p, points, metric, axis))
+    return written
+
+
+def metric_points(jobs: list[dict[str, Any]], metric: str) -> dict[str, float]:
+    """{job: metric value} for the jobs whose report holds a number at ``metric``; an error if none does."""
+    points = {}
+    for job in jobs:
+        value = _number(lookup(job["report"], metric))
+        if value is not None:
+            points[job["job"]] = value
+    if points:
+        return points
+    present = [job["report"] for job in jobs if job["report"] is not None]
+    if any(lookup(r, metric) is not None for r in present):
+        raise SweepError(f"--metric {metric}: not a number in any report; choose a numeric field")
+    known = sorted({p for r in present for p in _numeric_paths(r)})
+    close = difflib.get_close_matches(metric, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    shown = [p for p in known if not p.startswith("timings.")]
+    listed = ", ".join(shown[:20]) + (", ..." if len(shown) > 20 else "")
+    raise SweepError(f"--metric {metric}: not in any report.{hint} Numeric fields: {listed or '(none)'}")
+
+
+def choose_x(jobs: list[dict[str, Any]], x: str | None, points: dict[str, float]) -> dict[str, Any]:
+    """The plot's x axis: ``--x``'s numeric values, the single varying override if numeric, else the job index.
+
+    Returns ``label``, ``values`` {job: x}, ``ticks`` {job: tick label} (job-index plots) and
+    ``series`` {job: legend label}: with ``--x``, jobs that differ in another override get their own line.
+    """
+    changing = varying(jobs)
+    if x is not None:
+        names = _override_names(jobs)
+        name = x.lstrip("+")
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise SweepError(f"--x {x}: not an override of this sweep.{hint} Overrides: {', '.join(names) or '(none)'}")
+        values = _numeric_values(jobs, name, points)
+        if values is None:
+            shown = sorted({str(job["overrides"].get(name)) for job in jobs})
+            raise SweepError(
+                f"--x {x}: cannot plot against non-numeric values ({', '.join(shown)}); leave --x out to plot"
+                " against the job index"
+            )
+        others = [n for n in changing if n != name]
+        return {"label": name, "values": values, "ticks": {}, "series": _labels(jobs, others)}
+    if len(changing) == 1:
+        values = _numeric_values(jobs, changing[0], points)
+        if values is not None:
+            return {"label": changing[0], "values": values, "ticks": {}, "series": {}}
+    many = len(points) > 8  # many jobs: one slanted line each, else stacked lines
+    labels = _labels(jobs, changing, ", " if many else "\n")
+    ticks = {job: (f"{job}: " if many else f"{job}\n") + labels[job] if labels else job for job in points}
+    return {"label": "job", "values": {j: float(i) for i, j in enumerate(points)}, "ticks": ticks, "series": {}}
+
+
+def plot_metric(path: Path, points: dict[str, float], metric: str, axis: dict[str, Any]) -> None:
+    """Draw the metric against the x axis into a PNG (matplotlib, Agg backend): one line per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[str]] = {}
+    for job in sorted(points, key=lambda j: axis["values"][j]):
+        series.setdefault(axis["series"].get(job, ""), []).append(job)
+    by_index = bool(axis["ticks"])  # jobs side by side: points, no line between them
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(points)), 4.5), dpi=100)
+    try:
+        for name, members in series.items():
+            xs = [axis["values"][j] for j in members]
+            ys = [points[j] for j in members]
+            ax.plot(xs, ys, marker="o", linewidth=0 if by_index else 1.5, label=name or None)
+            for x_value, y_value in zip(xs, ys):
+                ax.annotate(
+                    f"{y_value:.4g}",
+                    (x_value, y_value),
+                    textcoords="offset points",
+                    xytext=(0, 6),
+                    ha="center",
+                    fontsize=8,
+                )
+        if by_index:
+            jobs = list(axis["ticks"])
+            slanted = len(jobs) > 8
+            ax.set_xticks([axis["values"][j] for j in jobs])
+            ax.set_xticklabels(
+                [axis["ticks"][j] for j in jobs],
+                fontsize=8,
+                rotation=40 if slanted else 0,
+                ha="right" if slanted else "center",
+            )
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+        ax.set_xlabel(axis["label"])
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric} over {len(points)} job(s)")
+        ax.grid(True, alpha=0.3)
+        ax.margins(x=0.08, y=0.15)
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    """The rows as CSV with a header line."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def to_markdown(rows: list[dict[str, Any]], root: Path) -> str:
+    """The rows as a Markdown table under a title naming the sweep; floats to 4 significant digits."""
+    header = list(rows[0])
+    lines = [f"# Sweep {root}", "", f"{len(rows)} job(s).", ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(_md_cell(row[h]) for h in header) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m surgery.app.sweep DIR [--metric PATH] [--x NAME]``; 0 on success, 2 on bad input."""
+    parser = argparse.ArgumentParser(
+        prog="python -m surgery.app.sweep",
+        description="Collect a sweep's report.json files into DIR/summary.csv, summary.md and summary.png.",
+    )
+    parser.add_argument("dir", metavar="DIR", help="a sweep directory (hydra.sweep.dir) holding DIR/N/report.json")
+    parser.add_argument(
+        "--metric", default=DEFAULT_METRIC, help=f"dotted path into report.json to plot (default {DEFAULT_METRIC})"
+    )
+    parser.add_argument("--x", default=None, help="override to plot against (default: the one that varies)")
+    parser.add_argument("--no-plot", action="store_true", help="write summary.csv and summary.md only")
+    args = parser.parse_args(argv)
+    try:
+        jobs = collect(args.dir)
+        written = write_collected(Path(args.dir), jobs, args.metric, args.x, plot=not args.no_plot)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    missing = [job["job"] for job in jobs if job["report"] is None]
+    note = f" ({len(missing)} without a report: {', '.join(missing)})" if missing else ""
+    print(f"collected {len(jobs)} job(s){note}; wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def _is_job_dir(path: Path) -> bool:
+    return (path / "report.json").is_file() or (path / ".hydra" / "overrides.yaml").is_file()
+
+
+def _job_order(path: Path) -> tuple[int, int, str]:
+    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
+
+
+def _no_reports_message(root: Path) -> str:
+    nested = sorted({str(p.parent.parent.relative_to(root)) for p in root.glob("*/*/*/report.json")})
+    nested += sorted({str(p.parent.parent.relative_to(root)) for p in root.glob("*/*/report.json")})
+    if nested:
+        return f"{root}: no job reports directly inside (DIR/N/report.json); sweeps inside it: {', '.join(nested)}"
+    return f"{root}: no job reports (DIR/N/report.json) found; is this a sweep directory (hydra.sweep.dir)?"
+
+
+def _override_names(jobs: list[dict[str, Any]]) -> list[str]:
+    names: dict[str, None] = {}
+    for job in jobs:
+        names.update(dict.fromkeys(job["overrides"]))
+    return list(names)
+
+
+def _numeric_values(jobs: list[dict[str, Any]], name: str, points: dict[str, float]) -> dict[str, float] | None:
+    values = {}
+    for job in jobs:
+        if job["job"] in points:
+            try:
+                values[job["job"]] = float(job["overrides"].get(name, ""))
+            except ValueError:
+                return None
+    return values
+
+
+def _labels(jobs: list[dict[str, Any]], names: list[str], sep: str = ", ") -> dict[str, str]:
+    """{job: "name=value, ..."} over ``names`` (short names where unambiguous); empty when no names."""
+    if not names:
+        return {}
+    return {job["job"]: sep.join(f"{_short(n, names)}={job['overrides'].get(n, '')}" for n in names) for job in jobs}
+
+
+def _short(name: str, names: list[str]) -> str:
+    last = name.rsplit(".", 1)[-1]
+    return last if sum(n.rsplit(".", 1)[-1] == last for n in names) == 1 else name
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _numeric_paths(value: Any, prefix: str = "") -> list[str]:
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _numeric_paths(v, f"{prefix}{k}.")]
+    return [prefix[:-1]] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def _status(report: dict[str, Any] | None) -> str:
+    if report is None:
+        return "no report"
+    return "ok" if report.get("mode", "run") == "run" else str(report["mode"])
+
+
+def _md_cell(value: Any) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|")
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else value
