@@ -1,0 +1,177 @@
+"""docs/config.md: run settings, the keys every action has, each action kind, and the config groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from surgery.actions import KINDS
+from surgery.core import schema
+from surgery.core.paths import config_dir, group_options
+
+GROUPS = ("model", "actions", "input", "experiment")
+RUN_CHOICES = {"mode": schema.MODES, "loss": schema.LOSSES, "dtype": schema.DTYPES}
+KIND_CHOICES = {  # kind -> (its key, the schema tuple of values that key accepts)
+    "init": ("method", schema.INIT_METHODS),
+    "add_parameter": ("init.method", schema.INIT_METHODS),
+    "add_buffer": ("init.method", schema.INIT_METHODS),
+    "modify_output": ("op", schema.TENSOR_OPS),
+    "modify_input": ("op", schema.TENSOR_OPS),
+    "modify_grad": ("op", schema.GRAD_OPS),
+    "replace_forward": ("fn", schema.FORWARD_FNS),
+}
+# A field line of a dataclass body, `    name: type = default  # comment`; methods are indented deeper.
+FIELD_COMMENT = re.compile(r"^    (\w+):[^#\n]*#\s*(.*)$", re.MULTILINE)
+
+
+def line_comments(cls: type) -> dict[str, str]:
+    """The trailing comment of each field line of ``cls`` and its dataclass bases; the nearest class wins."""
+    comments: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            comments.update(FIELD_COMMENT.findall(inspect.getsource(base)))
+    return comments
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value, calling its factory; MISSING when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def yaml_text(value: Any) -> str:
+    """A value as it would be written in a YAML config."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_text(v) for v in value) + "]"
+    return str(value)
+
+
+def field_rows(cls: type, skip: frozenset[str] = frozenset(), prefix: str = "", values: Any = None) -> list[list[str]]:
+    """(key, type, default, comment) per field of a dataclass; a nested dataclass becomes ``key.field`` rows."""
+    comments = line_comments(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        value = default_of(f) if values is None else getattr(values, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += field_rows(type(value), prefix=f"{prefix}{f.name}.", values=value)
+            continue
+        default = "required" if value == MISSING else f"`{yaml_text(value)}`"
+        rows.append([f"`{prefix}{f.name}`", f"`{f.type}`", default, comments.get(f.name, "")])
+    return rows
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table; pipes inside cells are escaped."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", r"\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def choices(key: str, values: tuple[str, ...]) -> str:
+    """One line naming the values ``key`` accepts."""
+    return f"- `{key}`: one of " + ", ".join(f"`{v}`" for v in values)
+
+
+def description(path: Path) -> str:
+    """The leading comment block of a YAML file, as one line (``# @package`` directives skipped)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+def first_paragraph(doc: str | None) -> str:
+    """The first paragraph of a docstring on one line, with reST ``code`` as Markdown `code`."""
+    text = inspect.cleandoc(doc or "").split("\n\n")[0]
+    return " ".join(text.split()).replace("``", "`")
+
+
+def run_settings() -> list[str]:
+    """The run settings section."""
+    return [
+        "## Run settings",
+        "",
+        "Top-level keys of `conf/config.yaml`; override any of them on the command line, e.g. `mode=plan`.",
+        "",
+        *table(["key", "type", "default", "meaning"], field_rows(schema.RunSettings)),
+        "",
+        "Allowed values:",
+        "",
+        *(choices(key, values) for key, values in RUN_CHOICES.items()),
+        "",
+    ]
+
+
+def common_keys() -> list[str]:
+    """The keys every action has."""
+    return [
+        "## Keys every action has",
+        "",
+        "An actions file (`conf/actions/NAME.yaml`) maps action names to actions, applied in order.",
+        "",
+        *table(["key", "type", "default", "meaning"], field_rows(schema.Action)),
+        "",
+    ]
+
+
+def kinds() -> list[str]:
+    """A summary of the action kinds, then one section per kind with its own keys."""
+    unknown = set(KIND_CHOICES) - set(KINDS.names())
+    if unknown:
+        raise ValueError(f"KIND_CHOICES names kinds that are not registered: {', '.join(sorted(unknown))}")
+    common = frozenset(f.name for f in dataclasses.fields(schema.Action))
+    summary = [[f"[`{name}`](#{name})", KINDS.get(name).mechanism] for name in KINDS.names()]
+    lines = ["## Action kinds", "", *table(["kind", "PyTorch mechanism"], summary), ""]
+    for name in KINDS.names():
+        kind = KINDS.get(name)
+        if not kind.__doc__:
+            raise ValueError(f"action kind {name!r} ({kind.__qualname__}) has no docstring")
+        rows = field_rows(kind.schema, skip=common)
+        lines += [f"### `{name}`", "", first_paragraph(kind.__doc__), ""]
+        lines += [f"Mechanism: {kind.mechanism}. Schema: `surgery.core.schema.{kind.schema.__name__}`.", ""]
+        lines += [*table(["key", "type", "default", "meaning"], rows), ""] if rows else ["No keys of its own.", ""]
+        if name in KIND_CHOICES:
+            key, values = KIND_CHOICES[name]
+            if f"`{key}`" not in [row[0] for row in rows]:
+                raise ValueError(f"KIND_CHOICES: kind {name!r} has no key {key!r}")
+            lines += [choices(key, values), ""]
+    return lines
+
+
+def config_groups() -> list[str]:
+    """The options of each config group with the description at the top of its file."""
+    lines = ["## Config groups", "", "Choose one option of a group with `+GROUP=NAME`, e.g. `+model=cnn`.", ""]
+    for group in GROUPS:
+        options = group_options(group)
+        rows = [[f"`{option}`", description(config_dir() / group / f"{option}.yaml")] for option in options]
+        lines += [f"### `{group}`", ""]
+        lines += [*table(["option", "description"], rows), ""] if rows else ["No options yet.", ""]
+    return lines
+
+
+def render() -> str:
+    """The whole reference as Markdown."""
+    header = [
+        "# Config reference",
+        "",
+        "Generated from the code by `python scripts/gen_reference.py`: do not edit by hand.",
+        "",
+    ]
+    return "\n".join(header + run_settings() + common_keys() + kinds() + config_groups()).rstrip() + "\n"
