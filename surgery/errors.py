@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1  # an unexpected failure: a bug of ours, reported with its traceback
+EXIT_BAD_INPUT = 2  # a SurgeryError: bad config, input or arguments, one line on stderr
+
+# "actions.a.std: ..." or "input.batches: ...": the key a message starts with
+_WHERE = re.compile(r"^([A-Za-z_<][\w<>\[\].*-]*(?:\.[\w<>\[\].*-]+)*): ")
 
 
 class SurgeryError(Exception):
-    """Base of every error `surgery` raises on purpose; the CLI exits 2 on these."""
+    """Base of every error `surgery` raises on purpose; the CLI exits 2 on these.
+
+    ``where`` is the config key the message starts with (``actions.a.std``), ``options`` what would have
+    worked where the raiser knows it; both also let callers react without parsing the text.
+    """
+
+    def __init__(self, message: str = "", *, where: str | None = None, options: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        match = _WHERE.match(message) if where is None else None
+        self.where: str | None = match.group(1) if match else where
+        self.options: tuple[str, ...] = tuple(options)
 
 
 class ConfigError(SurgeryError):
@@ -20,6 +38,14 @@ class NoMatchError(ConfigError):
 
 class ActionError(SurgeryError):
     """An action failed while being applied or while one of its hooks ran."""
+
+
+class SweepError(SurgeryError):
+    """Bad input to ``python -m surgery.sweep``: one message, exit 2."""
+
+
+class ReplayError(SurgeryError):
+    """Bad input to ``python -m surgery.replay``: one message, exit 2."""
 
 
 def did_you_mean(given: str, options: Iterable[str], n: int = 3) -> str:

@@ -22,15 +22,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from surgery.app.io import write_atomic
+from surgery.errors import EXIT_BAD_INPUT, SweepError
 
 DEFAULT_METRIC = "difference.max_abs"
 METRICS = ("difference.max_abs", "difference.mean_abs", "difference.mse", "difference.kl", "output.mean", "output.std")
 FINGERPRINT_CHARS = 12
-EXIT_BAD_INPUT = 2
-
-
-class SweepError(Exception):
-    """Bad input to the collector: one message, exit 2."""
 
 
 def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:

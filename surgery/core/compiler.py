@@ -36,7 +36,8 @@ def load_actions(actions: Any) -> dict[str, Any]:
                 options = group_options("actions")
                 raise ConfigError(
                     f"actions: no actions file named {text!r}.{did_you_mean(text, options)}"
-                    f" Available: {', '.join(options)}; or give a path to a YAML file."
+                    f" Available: {', '.join(options)}; or give a path to a YAML file.",
+                    options=options,
                 )
         if not path.exists():
             raise ConfigError(f"actions: file {text!r} does not exist")

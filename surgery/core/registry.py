@@ -40,7 +40,8 @@ class Registry(Generic[T]):
         prefix = f"{where}: " if where else ""
         raise ConfigError(
             f"{prefix}unknown {self.what} {name!r}.{did_you_mean(str(name), self._items)}"
-            f" Available: {', '.join(sorted(self._items))}."
+            f" Available: {', '.join(sorted(self._items))}.",
+            options=sorted(self._items),
         )
 
     def names(self) -> list[str]:

@@ -351,7 +351,8 @@ def check_keys(schema: type, node: dict, where: str) -> None:
     for key, value in node.items():
         if field_name(str(key)) not in fields:
             raise ConfigError(
-                f"{_at(where, key)}: unknown key.{did_you_mean(str(key), keys)} Keys here: {', '.join(keys)}."
+                f"{_at(where, key)}: unknown key.{did_you_mean(str(key), keys)} Keys here: {', '.join(keys)}.",
+                options=keys,
             )
         nested = fields[field_name(str(key))].default_factory
         if isinstance(value, dict) and nested is not dataclasses.MISSING:
