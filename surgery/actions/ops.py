@@ -118,6 +118,8 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
     """The captured tensor ``source['key']`` of ``source['file']`` (a captures.safetensors)."""
     from safetensors import safe_open
 
+    from surgery.core.tensors import owned
+
     path = Path(str(source["file"]))
     if not path.is_file():
         raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")
@@ -130,7 +132,7 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
                     f"{where}.key: {key!r} is not in {str(path)!r}.{did_you_mean(key, keys)}"
                     f" Keys: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
                 )
-            return f.get_tensor(key)
+            return owned(f.get_tensor(key))  # aligned like the captured run's tensor: same GEMM path, same bits
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
