@@ -17,9 +17,11 @@ INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab", "seed
 
 def batch_count(spec: Mapping[str, Any]) -> int:
     """How many batches the run has (``input.batches``, default 1)."""
-    batches = spec.get("batches") or 1
-    if not isinstance(batches, int) or batches < 1:
-        raise ConfigError(f"input.batches: must be a positive int, got {batches!r}")
+    batches = spec.get("batches")
+    if batches is None:
+        return 1
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:  # 0 is refused, never read as 1
+        raise ConfigError(f"input.batches: must be a positive int (1 or more), got {batches!r}")
     if batches > 1 and (spec.get("kind") or "random") == "file":
         raise ConfigError("input.batches: a file input is one batch; drop input.batches or use kind random")
     return batches

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from surgery.core.tensors import owned
 from surgery.errors import ConfigError
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -60,9 +62,10 @@ def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
-            from safetensors.torch import load_file
+            from safetensors import safe_open
 
-            return load_file(str(path))
+            with safe_open(str(path), framework="pt") as f:  # one tensor at a time: peak is one extra copy
+                return {key: owned(f.get_tensor(key)) for key in f.keys()}  # noqa: SIM118 - not a dict
         with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
             warnings.simplefilter("ignore")
             loaded = torch.load(path, map_location="cpu", weights_only=True)
@@ -75,12 +78,12 @@ def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
             " accepted: .safetensors, or .pt/.pth saved from a state_dict (loaded with weights_only=True)"
         ) from None
     if isinstance(loaded, torch.Tensor):
-        return {"tensor": loaded}
+        return {"tensor": owned(loaded)}
     if isinstance(loaded, dict) and "state_dict" in loaded and isinstance(loaded["state_dict"], dict):
         loaded = loaded["state_dict"]
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise ConfigError(f"{what}: {str(path)!r} holds a {type(loaded).__name__}, not a tensor or a dict of tensors")
-    return dict(loaded)
+    return {key: owned(value) for key, value in loaded.items()}
 
 
 def _must_be_file(path: Path, what: str) -> None:
@@ -127,7 +130,7 @@ def load_checkpoint(model: torch.nn.Module, path: str | Path) -> None:
 
 
 def read_input_file(path: Path, key: str | None) -> torch.Tensor:
-    """One tensor from .pt/.pth (weights only), .npy, .safetensors or .png (H×W or C×H×W floats)."""
+    """One tensor from .pt/.pth (weights only), .npy, .safetensors or .png (H×W or C×H×W floats), owned and aligned."""
     suffix = path.suffix.lower()
     if suffix not in INPUT_SUFFIXES:
         raise ConfigError(f"input.path: {str(path)!r} is not one of {', '.join(INPUT_SUFFIXES)}")
@@ -136,20 +139,50 @@ def read_input_file(path: Path, key: str | None) -> torch.Tensor:
         import numpy as np
 
         try:
-            return torch.from_numpy(np.load(path, allow_pickle=False))
+            return owned(torch.from_numpy(np.load(path, allow_pickle=False)))  # numpy aligns to 16 bytes only
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"input.path: cannot read {str(path)!r} as .npy ({e})") from None
     if suffix == ".png":
-        import matplotlib.image
-
-        try:
-            image = torch.from_numpy(matplotlib.image.imread(str(path)).copy()).float()
-        except Exception as e:  # noqa: BLE001 - PIL raises SyntaxError, OSError, ...
-            raise ConfigError(f"input.path: cannot read {str(path)!r} as .png ({_read_failure(e)})") from None
-        return image if image.dim() == 2 else image.permute(2, 0, 1)
+        return read_png(path, "input.path")
     tensors = read_tensors(path, "input.path")
     if key is not None:
         if key not in tensors:
             raise ConfigError(f"input.key: {key!r} is not in {str(path)!r}; keys: {', '.join(tensors)}")
         return tensors[key]
     return next(iter(tensors.values()))
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_PNG_SIDE = 16384  # pixels; an input image past either cap is refused before decoding (docs/errors.md)
+MAX_PNG_PIXELS = 4096 * 4096
+
+
+def png_size(path: Path, what: str) -> tuple[int, int]:
+    """(width, height) as the PNG header (IHDR) declares them, refused past the caps before any decoding.
+
+    A small file can declare a huge image (a decompression bomb): 389 KB for 20000×20000 took 28 s
+    and 3.3 GB to decode. Every PNG reader calls this first.
+    """
+    with path.open("rb") as f:
+        head = f.read(24)  # signature (8), IHDR length (4), b"IHDR" (4), width (4), height (4)
+    if len(head) < 24 or head[:8] != PNG_SIGNATURE or head[12:16] != b"IHDR":
+        raise ConfigError(f"{what}: cannot read {str(path)!r} as .png (no PNG signature and IHDR header)")
+    width, height = struct.unpack(">II", head[16:24])
+    if not (0 < width <= MAX_PNG_SIDE and 0 < height <= MAX_PNG_SIDE and width * height <= MAX_PNG_PIXELS):
+        raise ConfigError(
+            f"{what}: {str(path)!r} declares a {width}×{height} image; a PNG input may have at most"
+            f" {MAX_PNG_SIDE} pixels a side and {MAX_PNG_PIXELS} pixels (4096×4096) in all. Resize it first"
+        )
+    return width, height
+
+
+def read_png(path: Path, what: str) -> torch.Tensor:
+    """A PNG as floats in [0, 1], H×W (grey) or C×H×W, after checking its declared size."""
+    import matplotlib.image
+
+    png_size(path, what)
+    try:
+        image = torch.from_numpy(matplotlib.image.imread(str(path)).copy()).float()
+    except Exception as e:  # noqa: BLE001 - PIL raises SyntaxError, OSError, ...
+        raise ConfigError(f"{what}: cannot read {str(path)!r} as .png ({_read_failure(e)})") from None
+    return owned(image if image.dim() == 2 else image.permute(2, 0, 1))

@@ -86,6 +86,13 @@ def corrupt_png(d: Path) -> None:
     (d / "digit.png").write_bytes(b"not a png at all")
 
 
+def bomb_png(d: Path) -> None:
+    """157 bytes declaring a 20000×20000 greyscale image (a decompression bomb)."""
+    from tests.test_files import png_bytes
+
+    (d / "digit.png").write_bytes(png_bytes(20000, 20000, [bytes(20000)] * 4))
+
+
 def captures(d: Path) -> None:
     save_file({"capture_block3/block3/output": torch.randn(2, 32, 3, 3)}, str(d / "captures.safetensors"))
 
@@ -103,6 +110,6 @@ WRITERS: dict[str, Callable[[Path], None]] = {
     for f in (
         truncated_safetensors, corrupt_pt, pickled_object_pt, plain_pickle_pt, wrong_keys_pt,
         wrong_shapes_safetensors, list_pt, wrong_suffix, checkpoint_dir, wrong_shape_input, corrupt_npy,
-        object_npy, input_dict, text_input, corrupt_png, captures, misshaped_captures, corrupt_captures,
+        object_npy, input_dict, text_input, corrupt_png, bomb_png, captures, misshaped_captures, corrupt_captures,
     )
 }  # fmt: skip
