@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Mapping
-from functools import partial
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -14,8 +14,9 @@ from torch import nn
 
 from surgery.core.compiled import RAN, WRAPPER, compiled_state
 from surgery.core.compiler import Plan, compile_plan
-from surgery.core.ledger import Ledger
+from surgery.core.ledger import Ledger, values_of
 from surgery.core.records import Record, flatten_captures
+from surgery.core.restore import ModelState
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
 
 
@@ -27,10 +28,11 @@ class Surgery:
     ...     s.captures["capture_block3"]["block3"].output
     """
 
-    def __init__(self, model: nn.Module, plan: Plan, ledger: Ledger) -> None:
+    def __init__(self, model: nn.Module, plan: Plan, ledger: Ledger, before: ModelState | None = None) -> None:
         self.model = model
         self.plan = plan
         self._ledger = ledger
+        self._before = before  # the model's state before apply, when applied with verify=True
         self.active = True
 
     @property
@@ -64,17 +66,54 @@ class Surgery:
         """Load a checkpoint into the surgered model through its ``on_load`` hooks; ``remove()`` undoes it."""
         if not self.active:
             raise ActionError("load_state_dict: this surgery was removed; apply it again first")
-        tensors = self.model.state_dict(keep_vars=True)
-        old = {k: t.detach().clone() for k, t in tensors.items()}
-        for tensor in tensors.values():
-            self._ledger.touch(("value", id(tensor)))
-        self._ledger.add_undo(partial(_copy_back, tensors, old))
-        return self.model.load_state_dict(state, strict=strict)
+        tensors = values_of(self.model.state_dict(keep_vars=True))
+        return self._ledger.overwrite_by(tensors, lambda: self.model.load_state_dict(state, strict=strict))
 
-    def remove(self) -> None:
-        """Remove every hook, delete added tensors, restore changed ones; safe to call twice."""
-        if not self.active:
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Turn this surgery's hooks off without removing them: inside, the model runs as without them.
+
+        The hooks leave PyTorch's hook dicts and come back in the same order on exit, so nothing is
+        checked per call. Changes made in an apply pass (weights, flags, added tensors, swapped
+        modules) stay. Removing the surgery inside is allowed; nothing is put back then.
+        """
+        if not self.active or self._ledger.paused:
+            yield
             return
+        self._ledger.pause()
+        try:
+            yield
+        finally:
+            if self.active:
+                self._ledger.resume()
+
+    def remove(self, verify: bool | None = None) -> None:
+        """Remove every hook, delete added tensors, restore changed ones; safe to call twice.
+
+        ``verify`` (default: when applied with ``verify=True``) then checks the model equals its state
+        before apply in every hook attribute, module, tensor slot, flag and value, and raises an
+        ActionError naming what differs.
+        """
+        if verify and self._before is None:
+            raise ActionError(
+                "remove(verify=True): this surgery was applied without verify; apply it with verify=True to keep"
+                " the state to compare with"
+            )
+        if self.active:
+            self._remove()
+        if verify is not False and self._before is not None:
+            diffs = self._before.differences(ModelState.of(self.model), self._ledger.originals)
+            if diffs:
+                more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
+                written = any("in place" in d or "values differ" in d for d in diffs)
+                hint = (
+                    " (a model trained, or run in train mode, while the surgery was applied changes its tensors)"
+                    if written
+                    else ""
+                )
+                raise ActionError(f"remove: the model is not restored exactly: {'; '.join(diffs[:5])}{more}{hint}")
+
+    def _remove(self) -> None:
         refs = _ACTIVE.get(self.model, [])
         stack = [s for s in (ref() for ref in refs) if s is not None and s.active]
         later = stack[stack.index(self) + 1 :] if self in stack else []
@@ -96,7 +135,7 @@ class Surgery:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.remove()
+        self.remove(verify=None if kind is None else False)  # a failed check must not hide the error in flight
 
     def __repr__(self) -> str:
         state = "active" if self.active else "removed"
@@ -124,14 +163,12 @@ def warn_if_compiled(model: nn.Module, done: str) -> None:
     warnings.warn(message, CompiledModelWarning, stacklevel=3)
 
 
-def _copy_back(tensors: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for key, tensor in tensors.items():
-            tensor.copy_(old[key])
+def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **plan_options: Any) -> Surgery:
+    """Apply every step of ``plan`` (a Plan, or actions to compile) or none of them.
 
-
-def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surgery:
-    """Apply every step of ``plan`` (a Plan, or actions to compile) or none of them."""
+    ``verify=True`` first notes the model's state (structure, hook attributes, flags, tensor versions;
+    no copy of the weights) so that ``remove()`` checks the model came back exactly.
+    """
     if not isinstance(plan, Plan):
         plan = compile_plan(model, plan, **plan_options)
     elif plan.model is not model:
@@ -139,7 +176,9 @@ def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surge
     elif plan_options:
         raise ConfigError(f"apply: options {sorted(plan_options)} only apply when compiling; the plan is compiled")
     warn_if_compiled(model, "applied")
+    before = ModelState.of(model) if verify else None
     ledger = Ledger()
+    ledger.keep_originals = verify
     for step in plan.steps:
         if not step.enabled:
             continue
@@ -153,7 +192,7 @@ def apply_plan(model: nn.Module, plan: Any = None, **plan_options: Any) -> Surge
             raise ActionError(
                 f"actions.{step.name}: failed on {where!r}: {type(e).__name__}: {e}. Nothing was changed."
             ) from e
-    surgery = Surgery(model, plan, ledger)
+    surgery = Surgery(model, plan, ledger, before)
     _ACTIVE.setdefault(model, []).append(weakref.ref(surgery))
     return surgery
 
