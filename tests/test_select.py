@@ -49,9 +49,13 @@ NAMES = [
     "classifier",
     "classifier.0",
     "classifier.1",
+    "blocks.attn",  # these three make '**' in the middle show whether it takes zero, one or two segments
+    "blocks.0.1",
+    "blocks.0.1.attn",
 ]
 ALL = set(NAMES)
 ATTN = {"blocks.0.attn", "blocks.1.attn", "blocks.10.attn"}
+DEEP_ATTN = {"blocks.attn", "blocks.0.1.attn"}
 
 GLOB_TABLE = [
     ("block1", {"block1"}),
@@ -70,9 +74,18 @@ GLOB_TABLE = [
     ("**.**", ALL),
     ("**.*", ALL - {ROOT}),
     ("**.fc", {"fc", "head.fc"}),  # '**' at the start, zero segments included
-    ("**.attn", ATTN),
+    ("**.attn", ATTN | DEEP_ATTN),
     ("blocks.**", {n for n in NAMES if n.split(".")[0] == "blocks"}),  # at the end
-    ("blocks.**.attn", ATTN),  # in the middle
+    ("blocks.**.attn", ATTN | DEEP_ATTN),  # in the middle: zero, one and two segments
+    ("blocks.**.**.attn", ATTN | DEEP_ATTN),  # '**.**' is '**', zero segments included
+    ("blocks.**.1.attn", {"blocks.1.attn", "blocks.0.1.attn"}),
+    ("blocks.**.0.**.attn", {"blocks.0.attn", "blocks.0.1.attn"}),
+    ("blocks.*.**.attn", ATTN | {"blocks.0.1.attn"}),  # '*' before it takes exactly one segment
+    ("blocks.**.*.attn", ATTN | {"blocks.0.1.attn"}),
+    ("**.blocks.**.attn", ATTN | DEEP_ATTN),
+    ("blocks.**.attn.**", ATTN | DEEP_ATTN),
+    ("blocks.**.0", {"blocks.0"}),
+    ("blocks.**.1", {"blocks.1", "blocks.0.1"}),
     ("blocks.**.fc?", {"blocks.0.mlp.fc1", "blocks.0.mlp.fc2"}),
     ("**.mlp.**", {"blocks.0.mlp", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2"}),
     ("blocks.*.*.fc1", {"blocks.0.mlp.fc1"}),
@@ -87,7 +100,7 @@ GLOB_TABLE = [
     ("block[12].norm", {"block1.norm", "block2.norm"}),
     (
         "block[!1].*",
-        {"block2.conv", "block2.norm", "block2.act", "blocks.0"} | {"blocks.1", "blocks.10"},
+        {"block2.conv", "block2.norm", "block2.act", "blocks.0"} | {"blocks.1", "blocks.10", "blocks.attn"},
     ),
     ("classifier.[1]", {"classifier.1"}),
     ("<root>", {ROOT}),
