@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torch import nn
@@ -35,6 +36,23 @@ def plan(
     return compile_plan(model, actions, seed=seed, strict=strict, safe=safe, example_inputs=example_inputs)
 
 
+def evaluate(
+    model: nn.Module,
+    data: Iterable[Any],
+    actions: Any = None,
+    metrics: Sequence[str] | None = ("accuracy", "loss"),
+    **options: Any,
+) -> dict[str, Any]:
+    """Metrics over batches ``(x, y)`` for the model with ``actions`` and without, in one pass over ``data``.
+
+    Returns ``{"surgered", "unmodified", "delta"}`` (only ``unmodified`` when ``actions`` is None), as
+    ``report.json["metrics"]``. Metrics: accuracy, top5, loss, agreement, kl (None: the default for the data).
+    """
+    from surgery.data.evaluate import evaluate as run_evaluation
+
+    return run_evaluation(model, data, actions, metrics, **options)
+
+
 def apply(model: nn.Module, plan_or_actions: Any, **plan_options: Any) -> Surgery:
     """Apply a plan (or compile ``actions`` first) all-or-nothing; returns a removable Surgery."""
     return apply_plan(model, plan_or_actions, **plan_options)
@@ -48,6 +66,7 @@ __all__ = [
     "Surgery",
     "SurgeryError",
     "apply",
+    "evaluate",
     "plan",
     "__version__",
 ]

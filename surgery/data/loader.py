@@ -1,0 +1,78 @@
+"""``input.kind: dataset``: its keys, checked, and the DataLoader that streams it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from surgery.data.sources import SPLITS, digits, limited, local
+from surgery.errors import ConfigError
+
+SOURCES = ("digits",)
+
+
+@dataclass
+class DatasetInput:
+    """The keys of ``input.kind: dataset`` (SPEC §7)."""
+
+    kind: str = "dataset"
+    source: str | None = None  # digits: scikit-learn's bundled 8x8 digits, resized to the model's input size
+    path: str | None = None  # or a local data set: image folder, .npz/.pt/.safetensors file, datasets directory
+    x_key: str = "x"  # the inputs' array or column in a file or datasets directory
+    y_key: str | None = "y"  # the labels' array or column; null for unlabelled data
+    split: str = "test"  # train | test | all: digits' fixed split, or a split of a datasets directory
+    batch_size: int = 64  # examples per batch
+    limit: int | None = None  # at most this many examples (the first ones)
+    shape: Sequence[int] | None = None  # the model's input shape [batch, ...] (from the model config)
+    target: Any = None  # ignored: labels come from the data set
+    batches: Any = None  # ignored: a data set's size decides the number of batches
+
+    def __post_init__(self) -> None:
+        if (self.source is None) == (self.path is None):
+            raise ConfigError(
+                "input.source: give exactly one of input.source=digits or input.path=DIR_OR_FILE"
+                f" (got source={self.source!r}, path={self.path!r})"
+            )
+        if self.source is not None and self.source not in SOURCES:
+            known = ", ".join(SOURCES)
+            raise ConfigError(f"input.source: {self.source!r} is not a built-in data set; built-in: {known}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"input.split: {self.split!r} is not one of {', '.join(SPLITS)}")
+        for key in ("batch_size", "limit"):
+            value = getattr(self, key)
+            if value is None and key == "limit":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"input.{key}: a positive int (1 or more), got {value!r}")
+
+
+def dataset_input(spec: Mapping[str, Any]) -> DatasetInput:
+    """The checked dataset keys of an input config; an unknown key names the keys there are."""
+    keys = [f.name for f in dataclasses.fields(DatasetInput)]
+    for key in spec:
+        if key not in keys:
+            raise ConfigError(f"input.{key}: unknown key for kind dataset; keys: {', '.join(keys)}", options=keys)
+    return DatasetInput(**dict(spec))
+
+
+def open_dataset(config: DatasetInput) -> Dataset:
+    """The data set ``config`` names, limited to ``limit`` examples."""
+    if config.source == "digits":
+        if not config.shape:
+            raise ConfigError("input.shape: digits are resized to the model's input; give input.shape=[B, C, H, W]")
+        data: Dataset = digits(config.split, list(config.shape)[1:])
+    else:
+        data = local(Path(str(config.path)), config.x_key, config.y_key, config.split)
+    if len(data) == 0:  # type: ignore[arg-type]
+        raise ConfigError(f"input.path: {config.path!r} holds no examples")
+    return limited(data, config.limit)
+
+
+def data_loader(config: DatasetInput) -> DataLoader:
+    """A DataLoader over the data set in order (no shuffling: runs are reproducible), in the main process."""
+    return DataLoader(open_dataset(config), batch_size=config.batch_size, shuffle=False, num_workers=0)

@@ -1,0 +1,132 @@
+"""Metrics over batches of logits: each is a mean over examples, accumulated as (sum, count) per batch.
+
+A metric sees the model's logits, the labels (or None) and the unmodified model's logits on the same
+batch (the reference). ``agreement`` and ``kl`` compare with the reference; the unmodified model
+compared with itself scores 1 and 0, so every metric has a value for both models and a delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from surgery.core.registry import Registry
+from surgery.errors import ConfigError
+
+Batch = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], tuple[float, int]]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A mean over examples: ``batch(logits, labels, reference)`` gives this batch's (sum, count)."""
+
+    name: str
+    doc: str
+    labels: bool  # needs labels
+    batch: Batch
+
+
+METRICS: Registry[Metric] = Registry("metric")
+DEFAULT_LABELLED = ("accuracy", "loss", "agreement", "kl")
+DEFAULT_UNLABELLED = ("agreement", "kl")
+
+
+def metric(name: str, doc: str, labels: bool) -> Callable[[Batch], Batch]:
+    """Register ``fn`` as metric ``name``."""
+
+    def register(fn: Batch) -> Batch:
+        METRICS.register(name)(Metric(name, doc, labels, fn))
+        return fn
+
+    return register
+
+
+def rows(logits: torch.Tensor, labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits as [examples, classes] (token positions count as examples), labels as [examples]."""
+    flat = logits.detach().reshape(-1, logits.shape[-1]).double()
+    return flat, None if labels is None else labels.reshape(-1)
+
+
+@metric("accuracy", "share of examples whose argmax is the label", labels=True)
+def _accuracy(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
+    z, y = rows(logits, labels)
+    return float((z.argmax(-1) == y).sum()), len(z)
+
+
+@metric("top5", "share of examples whose label is among the 5 largest logits", labels=True)
+def _top5(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
+    z, y = rows(logits, labels)
+    assert y is not None
+    top = z.topk(min(5, z.shape[-1]), dim=-1).indices
+    return float((top == y[:, None]).any(-1).sum()), len(z)
+
+
+@metric("loss", "mean cross-entropy against the labels", labels=True)
+def _loss(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
+    z, y = rows(logits, labels)
+    assert y is not None
+    return float(F.cross_entropy(z, y, reduction="sum")), len(z)
+
+
+@metric("agreement", "share of examples whose argmax equals the unmodified model's", labels=False)
+def _agreement(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
+    z, _ = rows(logits)
+    r, _ = rows(reference)
+    return float((z.argmax(-1) == r.argmax(-1)).sum()), len(z)
+
+
+@metric("kl", "mean KL(unmodified ‖ surgered) of the softmax over classes", labels=False)
+def _kl(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
+    z, _ = rows(logits)
+    r, _ = rows(reference)
+    kl = F.kl_div(z.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="sum")
+    return float(kl), len(z)
+
+
+def check_metrics(names: Iterable[str] | None, labelled: bool, where: str = "metrics") -> tuple[str, ...]:
+    """The metric names to compute (the default for the data when None); unknown or label-less ones refused."""
+    if names is None:
+        return DEFAULT_LABELLED if labelled else DEFAULT_UNLABELLED
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise ConfigError(f"{where}: a list of metric names, e.g. [accuracy, loss]; got {names!r}")
+    chosen = tuple(str(n) for n in names)
+    for i, name in enumerate(chosen):
+        found = METRICS.get(name, f"{where}[{i}]")
+        if found.labels and not labelled:
+            raise ConfigError(
+                f"{where}[{i}]: {name!r} needs labels and this input has none; use agreement or kl,"
+                " or an input with labels (a dataset with y_key)"
+            )
+    return chosen
+
+
+class Scores:
+    """Running (sum, count) per metric for one model; ``result()`` gives the means."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.metrics = [METRICS.get(n) for n in names]
+        self.sums = dict.fromkeys(names, 0.0)
+        self.counts = dict.fromkeys(names, 0)
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> None:
+        """Add one batch."""
+        for m in self.metrics:
+            total, count = m.batch(logits, labels, reference)
+            self.sums[m.name] += total
+            self.counts[m.name] += count
+
+    def result(self) -> dict[str, float]:
+        """Each metric's mean over every example seen (NaN before any)."""
+        return {n: self.sums[n] / self.counts[n] if self.counts[n] else float("nan") for n in self.sums}
+
+
+def metrics_dict(surgered: Mapping[str, float] | None, unmodified: Mapping[str, float]) -> dict[str, Any]:
+    """``{"surgered", "unmodified", "delta"}`` as report.json holds them; only ``unmodified`` without surgery."""
+    if surgered is None:
+        return {"unmodified": dict(unmodified)}
+    delta = {k: surgered[k] - unmodified[k] for k in surgered}
+    return {"surgered": dict(surgered), "unmodified": dict(unmodified), "delta": delta}
