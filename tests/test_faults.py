@@ -1,7 +1,7 @@
 """Fault injection: whatever fails, and wherever, the model comes back exactly as it was.
 
-* apply: every change the engine makes is recorded through ``Ledger.add_handle`` or
-  ``Ledger.add_undo``. For every kind, and for a plan holding every kind, the k-th of those
+* apply: every change the engine makes records its undo through ``Ledger._own`` (the one
+  place every ledger call passes). For every kind, and for a plan holding every kind, the k-th of those
   changes is made to fail, for every k, in two ways: before it takes effect, and just after
   it was recorded. ``apply`` must raise an ``ActionError`` naming the action that owns change
   k, and the model must be bit-identical to before (tensors, flags, modules, hooks).
@@ -29,7 +29,7 @@ from surgery.errors import ActionError
 from tests.conftest import Snapshot, TinyNet, run_both
 from tests.test_contract import CASES
 
-ORIGINAL = {"add_handle": Ledger.add_handle, "add_undo": Ledger.add_undo}
+ORIGINAL = {"_own": Ledger._own}
 
 
 class InjectedError(RuntimeError):
@@ -73,8 +73,8 @@ def fail_at(monkeypatch: pytest.MonkeyPatch, k: int, when: str) -> None:
             count[0] += 1
             if count[0] != k:
                 return method(self, arg)
-            if when == "before":  # the change did not happen: take back what the caller already did
-                arg.remove() if name == "add_handle" else arg()
+            if when == "before":  # the change did not happen: take back what the ledger call already did
+                arg()
             else:
                 method(self, arg)
             raise InjectedError(f"change {k} failed")
@@ -140,11 +140,11 @@ def test_an_interrupt_while_applying_is_not_wrapped_and_still_rolls_back(monkeyp
 
     def interrupted(self: Ledger, undo: Any) -> None:
         calls[0] += 1
-        ORIGINAL["add_undo"](self, undo)
+        ORIGINAL["_own"](self, undo)
         if calls[0] == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(Ledger, "add_undo", interrupted)
+    monkeypatch.setattr(Ledger, "_own", interrupted)
     with pytest.raises(KeyboardInterrupt):
         surgery.apply(model, plan)
     monkeypatch.undo()
@@ -162,20 +162,18 @@ def test_an_undo_that_raises_during_remove_does_not_stop_the_others(monkeypatch:
     for k in range(1, len(owners) + 1):
         count = [0]
 
-        def loud(self: Ledger, arg: Any, name: str, k: int = k, count: list[int] = count) -> None:
+        def loud(self: Ledger, undo: Any, k: int = k, count: list[int] = count) -> None:
             count[0] += 1
             if count[0] == k:  # this undo does its work, then raises
-                undo = arg.remove if name == "add_handle" else arg
 
                 def failing_undo() -> None:
                     undo()
                     raise InjectedError(f"undo {k} failed")
 
-                return ORIGINAL["add_undo"](self, failing_undo)
-            return ORIGINAL[name](self, arg)
+                return ORIGINAL["_own"](self, failing_undo)
+            return ORIGINAL["_own"](self, undo)
 
-        monkeypatch.setattr(Ledger, "add_handle", lambda self, h, loud=loud: loud(self, h, "add_handle"))
-        monkeypatch.setattr(Ledger, "add_undo", lambda self, u, loud=loud: loud(self, u, "add_undo"))
+        monkeypatch.setattr(Ledger, "_own", loud)
         s = surgery.apply(model, plan)
         monkeypatch.undo()
         with pytest.raises(ActionError, match=rf"removing the surgery hit 1 error\(s\).*undo {k} failed"):

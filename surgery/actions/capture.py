@@ -40,7 +40,7 @@ class Capture(Kind):
                 record = ledger.record(action, target.name, cfg.reduce)
                 if cfg.reduce != "none":
                     hook = _reducing_hook(record, want_input, want_output, action, target.name)
-                    ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
+                    ledger.hook(target.module.register_forward_hook, hook, with_kwargs=True)
                     continue
                 if not want_input:  # the common case, kept as cheap as a hand-written hook
 
@@ -49,7 +49,7 @@ class Capture(Kind):
                     ) -> None:
                         outputs.append(output.detach() if type(output) is torch.Tensor else detached(output))
 
-                    ledger.add_handle(target.module.register_forward_hook(output_hook))
+                    ledger.hook(target.module.register_forward_hook, output_hook)
                     continue
                 calls = record.calls
 
@@ -64,7 +64,7 @@ class Capture(Kind):
                         )
                     )
 
-                ledger.add_handle(target.module.register_forward_hook(hook, with_kwargs=True))
+                ledger.hook(target.module.register_forward_hook, hook, with_kwargs=True)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 
@@ -135,6 +135,6 @@ class Log(Kind):
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 
-                ledger.add_handle(target.module.register_forward_hook(hook))
+                ledger.hook(target.module.register_forward_hook, hook)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)

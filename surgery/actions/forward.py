@@ -130,7 +130,7 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute, sou
             except Exception as e:
                 raise hook_failed(action, name, e) from e
 
-        ledger.add_handle(module.register_forward_hook(hook))
+        ledger.hook(module.register_forward_hook, hook)
         return
     pending: list[tuple[Any, ...]] = []
 
@@ -147,8 +147,8 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute, sou
         except Exception as e:
             raise hook_failed(action, name, e) from e
 
-    ledger.add_handle(module.register_forward_pre_hook(keep_inputs))
-    ledger.add_handle(module.register_forward_hook(replace))
+    ledger.hook(module.register_forward_pre_hook, keep_inputs)
+    ledger.hook(module.register_forward_hook, replace)
 
 
 def _shape_checks(cfg: Any, targets: list[Target], where: str, what: str) -> list[tuple[Target, ShapeCheck]]:
@@ -189,7 +189,7 @@ class ModifyOutput(Kind):
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 
-                ledger.add_handle(target.module.register_forward_hook(hook))
+                ledger.hook(target.module.register_forward_hook, hook)
 
         checks = _shape_checks(cfg, targets, ctx.where, "output")
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)
@@ -238,7 +238,7 @@ class ModifyInput(Kind):
             op = build()
             for target in ledger.each(action, targets, lambda t: t.name):
                 hook = _input_hook(op, action, target.name, item, positions.get(id(target.module)))
-                ledger.add_handle(target.module.register_forward_pre_hook(hook, with_kwargs=True))
+                ledger.hook(target.module.register_forward_pre_hook, hook, with_kwargs=True)
 
         checks = _shape_checks(cfg, targets, ctx.where, "input")
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)

@@ -51,7 +51,7 @@ def _each_param(
     """Register one tensor hook per matched parameter, looked up at apply time."""
     for target, pname, _ in ledger.each(action, found, lambda f: full_name(f[0], f[1])):
         key = full_name(target, pname)
-        ledger.add_handle(tensor_named(target.module, pname).register_hook(make_hook(key, target.module)))
+        ledger.hook(tensor_named(target.module, pname).register_hook, make_hook(key, target.module))
 
 
 @KINDS.register("capture_grad")
@@ -90,7 +90,7 @@ class CaptureGrad(Kind):
                 def hook(m: nn.Module, grad_input: Grads, grad_output: Grads, calls: list[Call] = calls) -> None:
                     calls.append(Call(grad_input=_detach_all(grad_input), grad_output=_detach_all(grad_output)))
 
-                ledger.add_handle(target.module.register_full_backward_hook(hook))
+                ledger.hook(target.module.register_full_backward_hook, hook)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 
@@ -144,6 +144,6 @@ class ModifyGrad(Kind):
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 
-                ledger.add_handle(target.module.register_full_backward_hook(hook))
+                ledger.hook(target.module.register_full_backward_hook, hook)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)

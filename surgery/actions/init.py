@@ -104,19 +104,11 @@ class Init(Kind):
                 for pname in by_module.get(id(module), ()):
                     ledger.where = f"{names[id(module)]}.{pname}"
                     tensor = tensor_named(module, pname)
-                    old = tensor.detach().clone()
-                    ledger.touch(("value", id(tensor)))
-                    ledger.add_undo(partial(_restore, tensor, old))
                     if tensor.device not in generators:
                         generators[tensor.device] = generator_for(seed, action, tensor.device)
-                    fill_(tensor, cfg, generators[tensor.device])
+                    ledger.overwrite(tensor, partial(fill_, spec=cfg, gen=generators[tensor.device]))
 
             with torch.no_grad():
                 root.apply(visit)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, modules_of(found), apply, tensors_named(found))
-
-
-def _restore(tensor: torch.Tensor, old: torch.Tensor) -> None:
-    with torch.no_grad():
-        tensor.copy_(old)

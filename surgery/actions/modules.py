@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from torch import nn
@@ -63,11 +62,9 @@ class ReplaceModule(Kind):
             ledger.action = action
 
             def visit(module: nn.Module) -> None:
-                for name, attr, old, new in by_parent.get(id(module), ()):
+                for name, attr, _old, new in by_parent.get(id(module), ()):
                     ledger.where = name
-                    setattr(module, attr, new)
-                    ledger.touch(("child", id(module), attr))
-                    ledger.add_undo(partial(setattr, module, attr, old))
+                    ledger.swap_child(module, attr, new)
 
             root.apply(visit)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
@@ -81,17 +80,15 @@ class AddTensor(Kind):
                     generators[device] = generator_for(seed, action, device)
                 tensor = torch.empty(shape, dtype=dtype, device=device)
                 fill_(tensor, cfg.init, generators[device])
-                register(module, cfg, tensor)
-                ledger.touch(("attr", id(module), cfg.name))
-                ledger.add_undo(partial(delattr, module, cfg.name))
+                register(ledger, module, cfg, tensor)
 
             with torch.no_grad():
                 root.apply(visit)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, [full_name(t, cfg.name) for t in targets])
 
-    def register(self, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
-        """Attach the new tensor to the module."""
+    def register(self, ledger: Ledger, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
+        """Attach the new tensor to the module through the ledger."""
         raise NotImplementedError
 
 
@@ -115,9 +112,9 @@ class AddParameter(AddTensor):
     name = "add_parameter"
     schema = AddParameterAction
 
-    def register(self, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
+    def register(self, ledger: Ledger, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
         """Register as a Parameter with the configured requires_grad."""
-        module.register_parameter(cfg.name, nn.Parameter(tensor, requires_grad=cfg.requires_grad))
+        ledger.add_tensor(module, cfg.name, nn.Parameter(tensor, requires_grad=cfg.requires_grad), "parameters")
 
 
 @KINDS.register("add_buffer")
@@ -128,9 +125,9 @@ class AddBuffer(AddTensor):
     schema = AddBufferAction
     tensor_kind = "buffers"
 
-    def register(self, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
+    def register(self, ledger: Ledger, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
         """Register as a buffer."""
-        module.register_buffer(cfg.name, tensor, persistent=cfg.persistent)
+        ledger.add_tensor(module, cfg.name, tensor, "buffers", persistent=cfg.persistent)
 
 
 class SetRequiresGrad(Kind):
@@ -156,11 +153,7 @@ class SetRequiresGrad(Kind):
 
             def visit(module: nn.Module) -> None:
                 for pname in by_module.get(id(module), ()):
-                    tensor = tensor_named(module, pname)
-                    old = tensor.requires_grad
-                    tensor.requires_grad_(flag)
-                    ledger.touch(("requires_grad", id(tensor)))
-                    ledger.add_undo(partial(tensor.requires_grad_, old))
+                    ledger.set_attr(tensor_named(module, pname), "requires_grad", flag)
 
             root.apply(visit)
 

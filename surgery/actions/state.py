@@ -62,10 +62,10 @@ class OnLoad(Kind):
             if cfg.rename:
                 for target in ledger.each(action, targets, lambda t: t.name):
                     hook = _pre_hook(rename, action, target.name)
-                    ledger.add_handle(target.module.register_load_state_dict_pre_hook(hook))
+                    ledger.hook(target.module.register_load_state_dict_pre_hook, hook)
             if added:  # names are relative to the root, which is what loads a whole checkpoint
                 ledger.where = ROOT
-                ledger.add_handle(root.register_load_state_dict_post_hook(_post_hook(added)))
+                ledger.hook(root.register_load_state_dict_post_hook, _post_hook(added))
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 

@@ -127,9 +127,9 @@ class Ledger:
         handle = register(hook, *args, **kwargs)
         if owner is not None:
             _claim(owner, before)
-            self._undo.append(partial(_unhook, handle, owner))
+            self._own(partial(_unhook, handle, owner))
         else:
-            self._undo.append(handle.remove)
+            self._own(handle.remove)
         self._handles.append(handle)
         self.hook_count[self.action] = self.hook_count.get(self.action, 0) + 1
         return handle
@@ -154,7 +154,7 @@ class Ledger:
         old = getattr(obj, name, _MISSING)
         setattr(obj, name, value)
         self.touched.add(("attr", id(obj), name))
-        self._undo.append(partial(_put_back, obj, name, old))
+        self._own(partial(_put_back, obj, name, old))
 
     def swap_child(self, parent: nn.Module, name: str, new: nn.Module) -> None:
         """Put ``new`` in ``parent`` as child ``name`` (same place in its children); undo puts the old one back."""
@@ -171,29 +171,18 @@ class Ledger:
         else:
             module.register_buffer(name, tensor, persistent=persistent)
         self.touched.add(("attr", id(module), name))
-        self._undo.append(partial(delattr, module, name))
-
-    # TEMPORARY: the old two-step calls, until every call site uses the calls above
-    def add_handle(self, handle: RemovableHandle) -> None:
-        """Own a hook handle (old API)."""
-        self._undo.append(handle.remove)
-        self._handles.append(handle)
-        self.hook_count[self.action] = self.hook_count.get(self.action, 0) + 1
-
-    def add_undo(self, undo: Callable[[], object]) -> None:
-        """Own an undo callable (old API)."""
-        self._undo.append(undo)
-
-    def touch(self, state: Hashable) -> None:
-        """Note changed state (old API)."""
-        self.touched.add(state)
+        self._own(partial(delattr, module, name))
 
     def _keep(self, tensor: torch.Tensor) -> None:
         """Copy the values now and own the undo that writes them back (before the change, so a failure undoes it)."""
         old = tensor.detach().clone()
         self.originals.setdefault(id(tensor), (tensor, old))
         self.touched.add(("value", id(tensor)))
-        self._undo.append(partial(_copy_back, tensor, old))
+        self._own(partial(_copy_back, tensor, old))
+
+    def _own(self, undo: Callable[[], object]) -> None:
+        """Record one undo: every change above passes here once (fault-injection tests fail it here)."""
+        self._undo.append(undo)
 
     # ---- captures
 
