@@ -51,24 +51,30 @@ def rows(logits: torch.Tensor, labels: torch.Tensor | None = None) -> tuple[torc
     return flat, None if labels is None else labels.reshape(-1)
 
 
+def with_labels(logits: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` for a metric that needs labels (``check_metrics`` has made sure there are some)."""
+    z, y = rows(logits, labels)
+    if y is None:
+        raise ConfigError("metrics: this metric needs labels and the batch has none")
+    return z, y
+
+
 @metric("accuracy", "share of examples whose argmax is the label", labels=True)
 def _accuracy(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
-    z, y = rows(logits, labels)
+    z, y = with_labels(logits, labels)
     return float((z.argmax(-1) == y).sum()), len(z)
 
 
 @metric("top5", "share of examples whose label is among the 5 largest logits", labels=True)
 def _top5(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
-    z, y = rows(logits, labels)
-    assert y is not None
+    z, y = with_labels(logits, labels)
     top = z.topk(min(5, z.shape[-1]), dim=-1).indices
     return float((top == y[:, None]).any(-1).sum()), len(z)
 
 
 @metric("loss", "mean cross-entropy against the labels", labels=True)
 def _loss(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
-    z, y = rows(logits, labels)
-    assert y is not None
+    z, y = with_labels(logits, labels)
     return float(F.cross_entropy(z, y, reduction="sum")), len(z)
 
 
