@@ -14,46 +14,54 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import bench_compile  # noqa: E402
-import bench_overhead  # noqa: E402
-import bench_plan  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's scripts/ package
 
 import surgery  # noqa: E402
+from scripts.bench import cases  # noqa: E402
+from scripts.bench import compile as bench_compile  # noqa: E402
+from scripts.bench import overhead as bench_overhead  # noqa: E402
+from scripts.bench import plan as bench_plan  # noqa: E402
 from surgery.core.engine import hooks_on  # noqa: E402
 
-TASK_MODES = [(task, mode) for task in bench_overhead.TASKS for mode in task.modes]
+TASK_MODES = [(task, mode) for task in cases.TASKS for mode in task.modes]
 
 
 @pytest.fixture(scope="module")
-def tiny_mlp() -> bench_overhead.ModelCase:
-    return bench_overhead.mlp_case(8, rounds=1, block_s=0.0, batch=2)
+def tiny_mlp() -> cases.ModelCase:
+    return cases.mlp_case(8, rounds=1, block_s=0.0, batch=2)
 
 
 @pytest.mark.parametrize(("task", "mode"), TASK_MODES, ids=[f"{t.name}/{m}" for t, m in TASK_MODES])
-def test_engine_and_hand_written_hooks_agree(tiny_mlp: bench_overhead.ModelCase, task, mode) -> None:
+def test_engine_and_hand_written_hooks_agree(tiny_mlp: cases.ModelCase, task, mode) -> None:
     """Same output, gradients and captures; same hooks on every module; nothing left after remove()."""
-    plan = surgery.plan(tiny_mlp.model, task.actions)
-    bench_overhead.check_task(tiny_mlp, task, plan, mode)
+    on = cases.inplace_case(tiny_mlp) if task.inplace else tiny_mlp
+    plan = surgery.plan(on.model, task.actions)
+    bench_overhead.check_task(on, task, plan, mode)
 
 
-def test_check_task_notices_a_different_hook(tiny_mlp: bench_overhead.ModelCase) -> None:
+def test_check_task_notices_a_different_hook(tiny_mlp: cases.ModelCase) -> None:
     """The check is not vacuous: an engine plan doing something else than the hand hooks is caught."""
-    task = bench_overhead.TASKS[1]  # add 1.0 to every Linear output
+    task = cases.TASKS[1]  # add 1.0 to every Linear output
     other = surgery.plan(tiny_mlp.model, {"add": {**task.actions["add"], "value": 2.0}})
     with pytest.raises(AssertionError, match="outputs differ"):
         bench_overhead.check_task(tiny_mlp, task, other, "fwd")
 
 
-def test_unselected_modules_carry_no_hooks(tiny_mlp: bench_overhead.ModelCase) -> None:
+def test_unselected_modules_carry_no_hooks(tiny_mlp: cases.ModelCase) -> None:
     model = tiny_mlp.model
-    with surgery.apply(model, bench_overhead.TASKS[0].actions):
+    with surgery.apply(model, cases.TASKS[0].actions):
         hooked = {name for name, m in model.named_modules() if bench_overhead.own_hooks(m)}
         linear = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         assert hooked == linear
     assert hooks_on(model) == 0
+
+
+def test_a_target_is_met_only_when_the_whole_interquartile_range_is_inside() -> None:
+    from scripts.bench.common import verdict
+
+    assert verdict(0.99, 1.02, 1.03) == "met"
+    assert verdict(0.99, 1.04, 1.03) == "within noise"  # the median may be under the target: still not met
+    assert verdict(1.031, 1.05, 1.03) == "over"
 
 
 def test_the_plan_baseline_matches_what_surgery_selects() -> None:

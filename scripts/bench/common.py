@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # benchmark this checkout's code, whatever else is installed
 
@@ -58,30 +58,59 @@ class Timing:
 
     def spread(self, name: str, base: str) -> tuple[float, float]:
         """First and third quartile of the per-round ratios: how far noise moves the median."""
-        values = self.ratios(name, base)
-        if len(values) < 4:
-            return min(values), max(values)
-        q1, _, q3 = statistics.quantiles(values, n=4)
-        return q1, q3
+        return quartiles(self.ratios(name, base))
 
 
-def interleave(variants: Sequence[Variant], rounds: int, reps: int, warmup: int = 1) -> Timing:
-    """Time every variant ``reps`` calls per round (after ``warmup`` calls), alternating the order each round."""
+def interleave(
+    variants: Sequence[Variant],
+    rounds: int,
+    reps: int,
+    warmup: int = 1,
+    settled: Callable[[Timing], bool] | None = None,
+    max_s: float = 0.0,
+) -> Timing:
+    """Time every variant ``reps`` calls per round (after ``warmup`` calls), alternating the order each round.
+
+    With ``settled``, pairs of rounds are added after the first ``rounds`` until ``settled(timing)``
+    (e.g. the quartiles of a ratio are narrower than a target's margin) or ``max_s`` CPU seconds.
+    """
     timing = Timing({v.name: [] for v in variants})
-    for r in range(rounds):
+    start = time.process_time()
+    r = 0
+    while True:
         for variant in variants if r % 2 == 0 else list(reversed(variants)):
             detach = variant.attach()
             try:
                 for _ in range(warmup):
                     variant.step()
                 gc.collect(1)  # young garbage only: a full collection over a loaded model costs more than a block
-                start = time.process_time_ns()
+                begin = time.process_time_ns()
                 for _ in range(reps):
                     variant.step()
-                timing.rounds[variant.name].append((time.process_time_ns() - start) / reps / 1e9)
+                timing.rounds[variant.name].append((time.process_time_ns() - begin) / reps / 1e9)
             finally:
                 detach()
+        r += 1
+        if r < rounds or (r - rounds) % 2:  # rounds past the first come in pairs, both orders
+            continue
+        if settled is None or settled(timing) or time.process_time() - start >= max_s:
+            break
     return timing
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """First and third quartile (min and max under 4 values)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q1, q3
+
+
+def verdict(low: float, high: float, target: float) -> str:
+    """``met`` only when the whole interquartile range is at or under ``target``; ``over`` when all of it is above."""
+    if high <= target:
+        return "met"
+    return "over" if low > target else "within noise"
 
 
 def nothing() -> Callable[[], None]:

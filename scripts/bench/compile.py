@@ -9,7 +9,7 @@
 4. A surgery applied after compiling: torch keeps running the graph it compiled before, so the
    surgery is silently ignored; we report whether ``surgery`` noticed (a warning or an error).
 
-    python scripts/bench_compile.py [--quick] [--json out.json]
+    python -m scripts.bench.compile [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import Variant, interleave, machine, write_json
 from torch import nn
 from torch._dynamo.utils import counters
 
 import surgery
+from scripts.bench.common import Variant, interleave, machine, write_json
 from surgery.errors import CompiledModelWarning
 from surgery.models.mlp import MLP
 

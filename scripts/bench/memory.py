@@ -11,7 +11,7 @@ RSS before the first batch, so the difference is what the captures (and the run)
   and without ``+actions.capture.to=disk`` (the whole job: captures.safetensors written at the end
   in memory mode, one shard per batch in disk mode).
 
-    python scripts/bench_memory.py [--quick] [--json out.json]
+    python -m scripts.bench.memory [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, machine, run_child, write_json
+from scripts.bench.common import ROOT, machine, run_child, write_json
 
 BATCH = 32
 EVERY_MODULE = {"cap": {"kind": "capture", "select": "**", "exclude": "<root>"}}
@@ -102,7 +102,8 @@ def child(mode: str, batches: int, directory: str) -> dict[str, Any]:
 
 def api_case(mode: str, batches: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as directory:
-        run = run_child([sys.executable, __file__, "--child", mode, "--batches", str(batches), "--dir", directory])
+        child = [sys.executable, "-m", "scripts.bench.memory", "--child", mode, "--batches", str(batches)]
+        run = run_child([*child, "--dir", directory], cwd=ROOT)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 

@@ -1,11 +1,16 @@
 """The overhead tasks through peer tools, where they can express them: nnsight, pyvene, TransformerLens.
 
-Used by ``bench_overhead.py --peers``; each peer works on its own deep copy of the model
+Used by ``python -m scripts.bench.overhead --peers``; each peer works on its own deep copy of the model
 (nnsight and pyvene change the modules they wrap), so the engine and hand-written variants
 time an untouched model. nnsight and pyvene results are checked against the hand-written
 hooks (same output, same captures) before timing. TransformerLens runs its own
 ``HookedTransformer`` (random weights, GPT-2 small's shape), so its ratio is to its own
 forward without hooks, and its hook points are the closest to the task, not the same modules.
+
+Which setup each is timed with (``SCOPE``): nnsight's ``trace`` and TransformerLens'
+``run_with_hooks`` / ``run_with_cache`` install their hooks on every call, inside the timer, so
+they compare with ``surgery scoped`` (apply + forward + remove per call); pyvene's
+``IntervenableModel`` is built once, outside it, so it compares with ``surgery`` (applied once).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import Variant, nothing, version_of
-from bench_overhead import ACTIVATION, ADD, LINEAR, ModelCase, Task
 from torch import nn
+
+from scripts.bench.cases import ACTIVATION, ADD, LINEAR, ModelCase, Task, step_for
+from scripts.bench.common import Variant, nothing, version_of
 
 PACKAGES = {"nnsight": "nnsight", "pyvene": "pyvene", "TransformerLens": "transformer-lens"}
 NOT_EXPRESSIBLE = {
@@ -27,6 +33,7 @@ NOT_EXPRESSIBLE = {
     ("pyvene", "modify_grad clip_norm on Linear weights"): "no parameter-gradient hooks",
     ("TransformerLens", "modify_grad clip_norm on Linear weights"): "hook points carry activations, not weights",
 }
+SCOPE = {"nnsight": "scoped", "pyvene": "persistent", "TL hooks": "scoped"}
 _cache: dict[tuple[int, str], Any] = {}
 
 
@@ -249,16 +256,17 @@ def _checked(
     out, saved = step()
     handles, store = task.hand(case.model)
     try:
-        from bench_overhead import step_for
-
         case.model.zero_grad(set_to_none=True)
         want = step_for(case, mode)()
         case.model.zero_grad(set_to_none=True)
     finally:
         for h in handles:
             h.remove()
-    if not torch.allclose(out, want, rtol=1e-5, atol=1e-5):
-        raise AssertionError(f"{name} / {case.name} / {task.name}: output differs from the hand-written hooks")
+    if not torch.equal(out, want):  # the same weights (a deep copy) and the same ops: bit for bit
+        diff = (out - want).abs().max().item()
+        raise AssertionError(
+            f"{name} / {case.name} / {task.name}: output differs from the hand-written hooks ({diff:g})"
+        )
     hand_saved = [t for calls in store.values() for t in calls]
     if saved and (len(saved) != len(hand_saved) or any(not torch.equal(a, b) for a, b in zip(saved, hand_saved))):
         raise AssertionError(f"{name} / {case.name} / {task.name}: captures differ from the hand-written hooks")

@@ -6,7 +6,7 @@ patterns by hand: one ``named_modules()`` walk, then one compiled regex per patt
 every module. Each tree is built once (GC disabled while building); ``gc.freeze()`` then moves
 its objects out of the collector's reach, so a collection of the tree never lands inside a timing.
 
-    python scripts/bench_plan.py [--quick] [--json out.json]
+    python -m scripts.bench.plan [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import machine, write_json
 from torch import nn
 
 import surgery
+from scripts.bench.common import machine, write_json
 
 TARGET_S = 0.5  # surgery.plan at 100k modules
 LINEAR_GROWTH = 12.0  # per 10x modules: linear (10x) with room for timing noise

@@ -4,7 +4,7 @@ Both commands run several times, interleaved, each in a fresh interpreter; the m
 compared (wall time, and CPU time, which a busy neighbour does not inflate). ``python -X
 importtime`` on the CLI then says which packages' imports take the time (their own modules' time).
 
-    python scripts/bench_startup.py [--quick] [--json out.json]
+    python -m scripts.bench.startup [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any
 
-from bench_common import ROOT, machine, run_child, write_json
+from scripts.bench.common import ROOT, machine, run_child, write_json
 
 TARGET_S = 1.0
 CLI = ["-m", "surgery", "+model=cnn", "+actions=linearize"]

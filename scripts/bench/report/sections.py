@@ -1,0 +1,247 @@
+"""BENCHMARKS.md sections 3 to 6: plan compile time, capture memory, torch.compile, CLI start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scripts.bench.report.markdown import ms, short, table, yes
+
+
+def plan_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
+    if data is None:
+        return ["## 3. Plan compile time", "", "Not run.", ""], [], []
+    rows = [
+        [
+            f"{r['modules']:,}",
+            f"{r['build_s']:.1f} s",
+            ms(r["plan_s"]),
+            ms(r["baseline_s"]),
+            f"{r['ratio']:.2f}",
+            f"{r['plan_us_per_module']:.1f} µs",
+        ]
+        for r in data["rows"]
+    ]
+    largest = data["rows"][-1]
+    growth = ", ".join(f"{g:.1f}×" for g in data["growth_10x"])
+    md = [
+        "## 3. Plan compile time on large module trees",
+        "",
+        "`scripts/bench/plan.py`. Trees of `layers.N` blocks (12 modules each: LayerNorms, q/k/v/o"
+        " Linears, an MLP) built on the `meta` device. Five actions compiled with `surgery.plan`:"
+        " `capture select: layers.*.attn.[qk]`, `modify_output type: LayerNorm`, `capture select:"
+        " **.mlp.fc2`, `log type: GELU`, `modify_output select: layers.* exclude: layers.1*`. Baseline:"
+        " one `named_modules()` walk and one compiled regex per pattern per module, written by hand (the"
+        " matched counts are checked equal). CPU time, median of 7 runs (3 at 100k). Garbage collection:"
+        f" {data['gc']}.",
+        "",
+        *table(["modules", "build", "surgery.plan", "regex baseline", "plan/baseline", "per module"], rows),
+        f"Growth per 10× modules: {growth} (linear would be 10×; fixed costs make small trees grow less).",
+        "",
+    ]
+    met = bool(data["met"])
+    target = [
+        "`surgery.plan`, 5 actions, 100k modules",
+        f"≤ {data['target_s']} s, linear",
+        f"{largest['plan_s']:.2f} s (baseline {largest['baseline_s']:.2f} s); growth {growth}",
+        yes(met),
+    ]
+    misses = (
+        []
+        if met
+        else [
+            f"plan at {largest['modules']:,} modules: {largest['plan_s']:.2f} s against a target of"
+            f" {data['target_s']} s; the hand-written regex baseline alone takes {largest['baseline_s']:.2f} s"
+            " on this machine"
+        ]
+    )
+    return md, [target], misses
+
+
+def _per_reference(row: dict[str, Any]) -> str:
+    """``added`` over the model's tensors plus one batch of captures (a capturing row only)."""
+    reference = row.get("model_mib", 0) + row.get("one_batch_mib", 0)
+    return f"{row['added_mib'] / reference:.1f}" if row.get("one_batch_mib") else "–"
+
+
+def memory_section(data: dict[str, Any] | None) -> list[str]:
+    if data is None:
+        return ["## 4. Capture memory", "", "Not run.", ""]
+    api = [
+        [
+            r["mode"],
+            f"{r['peak_rss_mib']:.0f} MiB",
+            f"{r['added_mib']:.0f} MiB",
+            f"{r['held_in_captures_mib']:.0f} MiB",
+            f"{r['on_disk_mib']:.0f} MiB",
+            _per_reference(r),
+            f"{r['seconds']:.2f} s",
+        ]
+        for r in data["api"]
+    ]
+    cli = [
+        [
+            r["mode"],
+            f"{r['peak_rss_mib']:.0f} MiB",
+            f"{r['on_disk_mib']:.0f} MiB ({r['files']} file{'s' if r['files'] != 1 else ''})",
+        ]
+        for r in data["cli"]
+    ]
+    batches = data["api"][0]["batches"]
+    ref = next(
+        (r for r in data["api"] if "one_batch_mib" in r and r["one_batch_mib"]), {"model_mib": 0, "one_batch_mib": 0}
+    )
+    md = [
+        f"## 4. Capture memory over {batches} batches: in memory vs `to: disk`",
+        "",
+        f"`scripts/bench/memory.py`. The CNN (`surgery.models.cnn.CNN`), batch {data['batch']}, {batches}"
+        " forwards, each case in a fresh process. API: `capture` of every module (`select: '**'`,"
+        " `exclude: '<root>'`); `disk` uses `to: disk` and `Surgery.flush(dir)` after each batch;"
+        " `none` runs without surgery. `added` is peak RSS minus RSS before the first batch; `held` is"
+        " the tensor storage the records hold at the end; `added / (model + 1 batch)` compares `added`"
+        f" with the model's own tensors ({ref['model_mib']:.2f} MiB) plus one batch of captures"
+        f" ({ref['one_batch_mib']:.1f} MiB): streaming to disk stays between 1 and 2 whatever the number of"
+        " batches (the batch's captured tensors, plus the one serialised copy made while its shard is"
+        " written); memory mode grows with every batch.",
+        "",
+        *table(["API", "peak RSS", "added", "held", "on disk", "added / (model + 1 batch)", "forwards"], api),
+    ]
+    if cli:
+        md += [
+            "CLI, the whole job: `python -m surgery +model=cnn +actions=capture"
+            f" +input.batches={batches} +input.shape=[{data['batch']},1,28,28] compare=false`, with and"
+            " without `+actions.capture.to=disk` (memory mode writes `captures.safetensors` at the end):",
+            "",
+            *table(["CLI", "peak RSS", "written"], cli),
+        ]
+    return md
+
+
+def compile_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
+    if data is None:
+        return ["## 5. torch.compile", "", "Not run.", ""], [], []
+    rows = []
+    builtin_breaks = expr_breaks = 0
+    for name, r in data["explain"].items():
+        reasons = "; ".join(short(reason) for reason in r["reasons"][:2])
+        rows.append([name, r["graphs"], r["graph_breaks"], "yes" if r["equal_to_eager"] else "**no**", reasons])
+        if name.startswith("expr"):
+            expr_breaks += r["graph_breaks"]
+        else:
+            builtin_breaks += r["graph_breaks"]
+    rec = data["capture_recompiles"]
+    after = data["after_compile"]
+    md = [
+        "## 5. torch.compile",
+        "",
+        "`scripts/bench/compile.py`. A 3-layer MLP (width 16) with one action; `torch._dynamo.explain`"
+        " counts graphs and graph breaks; the `aot_eager` compiled output is compared with eager"
+        " (a fresh `apply` per run, so seeded noise starts from its seed each time).",
+        "",
+        *table(["action", "graphs", "graph breaks", "equal to eager", "break reason"], rows),
+        f"`capture` over {rec['calls']} compiled calls: {rec['graphs']} graphs (Dynamo's cache limit is"
+        f" {rec['cache_size_limit']}): the recording hook appends to a list, which Dynamo guards on, so it"
+        " recompiles on every call until the limit and then runs the frame eagerly. Every call recorded:"
+        f" {rec['every_call_recorded']}.",
+        "",
+    ]
+    inductor = data.get("inductor")
+    targets, misses = [], []
+    if inductor:
+        ratio = inductor["compiled_surgery/compiled_hand"]
+        q1, q3 = inductor.get("spread", (ratio, ratio))
+        t = inductor["times"]
+        md += [
+            "Inductor (CPU, 1 thread): MLP width 256, depth 12, batch 8, with `add 1.0` on every Linear and"
+            " `replace_forward expr: x * sigmoid(x)` on every ReLU; each model compiled with its own copy of"
+            " the forward code (Dynamo keeps graphs per code object), timed interleaved:",
+            "",
+            *table(
+                ["eager hand", "compiled hand", "compiled surgery", "compiled surgery / compiled hand", "equal"],
+                [
+                    [
+                        ms(t["eager hand"]),
+                        ms(t["compiled hand"]),
+                        ms(t["compiled surgery"]),
+                        f"**{ratio:.3f}** ({q1:.3f}–{q3:.3f})",
+                        inductor["equal"],
+                    ]
+                ],
+            ),
+        ]
+        targets.append(
+            ["Compiled surgered / compiled hand-written (inductor)", "≈ 1", f"{ratio:.3f}", yes(ratio <= 1.05)]
+        )
+        if ratio > 1.05:
+            misses.append(
+                f"compiled surgery is {ratio:.2f}× the compiled hand-written hooks: the expression's graph break"
+                " (below) makes Dynamo give up on the whole forward frame (a break inside a loop)"
+            )
+    md += [
+        "A surgery applied after the model has run compiled (torch does not guard on hooks added to a module that"
+        " had none when it compiled, so compiled calls ignore them). `surgery.apply` recognises the compiled wrapper"
+        " and, per instance, a model Dynamo has traced (docs/behaviour.md). Not detected: a never-compiled sibling of"
+        " a compiled instance, which can reuse its class's cached graph.",
+        "",
+        *table(
+            ["applied to", "eager model changed", "compiled output changed", "surgery warned"],
+            [
+                [k, v["eager_model_changed"], v["compiled_output_changed"], v["surgery_warned"]]
+                for k, v in after.items()
+            ],
+        ),
+    ]
+    targets.append(["Zero graph breaks, built-in ops (aot_eager)", "0", str(builtin_breaks), yes(builtin_breaks == 0)])
+    targets.append(["Zero graph breaks, expressions (aot_eager)", "0", str(expr_breaks), yes(expr_breaks == 0)])
+    silent = [k for k, v in after.items() if not v["compiled_output_changed"] and not v["surgery_warned"]]
+    ignored = bool(silent)
+    seen = "; ".join(
+        f"{k}: {'ignored, no warning' if k in silent else 'warned' if v['surgery_warned'] else 'honoured'}"
+        for k, v in after.items()
+    )
+    targets.append(["A surgery applied after compiling is reported", "warn or refuse", seen, yes(not ignored)])
+    for what, count, expressions in (("built-in ops", builtin_breaks, False), ("expressions", expr_breaks, True)):
+        if count:
+            reasons = "; ".join(
+                f"{n}: {'; '.join(short(reason) for reason in r['reasons'][:2]) or 'see the table'}"
+                for n, r in data["explain"].items()
+                if r["graph_breaks"] and n.startswith("expr") == expressions
+            )
+            misses.append(f"{what}: {count} graph break(s): {reasons}")
+    if ignored:
+        misses.append(
+            f"a surgery applied after `torch.compile` to the {' and '.join(silent)} is silently ignored by the"
+            " compiled model"
+        )
+    return md, targets, misses
+
+
+def startup_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
+    if data is None:
+        return ["## 6. Start-up", "", "Not run.", ""], [], []
+    wall, cpu = data["wall_s"], data["cpu_s"]
+    md = [
+        "## 6. CLI start-up",
+        "",
+        f'`scripts/bench/startup.py`. `{data["command"]}` against `python -c "import torch"`, {data["runs"]}'
+        " runs each, interleaved, medians (wall and CPU of the child process).",
+        "",
+        *table(
+            ["command", "wall", "CPU"],
+            [
+                ["python -c 'import torch'", ms(wall["import torch"]), ms(cpu["import torch"])],
+                ["the CLI job", ms(wall["cli"]), ms(cpu["cli"])],
+                ["**difference**", f"**{ms(data['extra_wall_s'])}**", ms(data["extra_cpu_s"])],
+            ],
+        ),
+        "Import time by package in the CLI run (`python -X importtime`, each package's own modules):",
+        "",
+        *table(["package", "import time"], [[r["package"], ms(r["self_s"])] for r in data["imports"][:8]]),
+    ]
+    target = [
+        "CLI start-up minus `import torch`",
+        f"≤ {data['target_s']} s",
+        ms(data["extra_wall_s"]),
+        yes(data["met"]),
+    ]
+    misses = [] if data["met"] else [f"CLI start-up {data['extra_wall_s']:.2f} s over `import torch`"]
+    return md, [target], misses
