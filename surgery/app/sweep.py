@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from surgery.app.io import write_atomic
+from surgery.app.sweep_plots import plot_heatmaps, plot_metric, plot_metrics
 from surgery.errors import EXIT_BAD_INPUT, SweepError
 
 DEFAULT_METRIC = "difference.max_abs"
@@ -93,6 +94,7 @@ def varying(jobs: list[dict[str, Any]]) -> list[str]:
 
 def summary_rows(jobs: list[dict[str, Any]], extra_metric: str | None = None) -> list[dict[str, Any]]:
     """One flat row per job: job, status, overrides, difference metrics, output stats, restored, output print."""
+    names = metric_names(jobs)
     metrics = [m for m in METRICS if any(_number(lookup(job["report"], m)) is not None for job in jobs)]
     if extra_metric and extra_metric not in metrics:
         metrics.append(extra_metric)
@@ -102,6 +104,8 @@ def summary_rows(jobs: list[dict[str, Any]], extra_metric: str | None = None) ->
         row: dict[str, Any] = {"job": job["job"], "status": _status(report)}
         row.update({name: job["overrides"].get(name, "") for name in _override_names(jobs)})
         row.update({m: _cell(lookup(report, m)) for m in metrics})
+        for model in ("surgered", "unmodified", "delta"):
+            row.update({f"metrics.{model}.{m}": _cell(lookup(report, f"metrics.{model}.{m}")) for m in names})
         row["restored"] = _cell(lookup(report, "restored"))
         output_print = lookup(report, "fingerprints.output")
         row["fingerprints.output"] = output_print[:FINGERPRINT_CHARS] if isinstance(output_print, str) else ""
@@ -109,16 +113,34 @@ def summary_rows(jobs: list[dict[str, Any]], extra_metric: str | None = None) ->
     return rows
 
 
+def metric_names(jobs: list[dict[str, Any]]) -> list[str]:
+    """The names of the metrics (report.json's ``metrics``) any job has, in first-seen order."""
+    names: dict[str, None] = {}
+    for job in jobs:
+        for model in ("surgered", "unmodified"):
+            names.update(dict.fromkeys(lookup(job["report"], f"metrics.{model}") or {}))
+    return list(names)
+
+
 def write_summary(
-    sweep_dir: str | Path, metric: str = DEFAULT_METRIC, x: str | None = None, plot: bool = True
+    sweep_dir: str | Path, metric: str | None = None, x: str | None = None, plot: bool = True
 ) -> list[Path]:
-    """Collect, check metric and x, write ``summary.csv``, ``summary.md``, ``summary.png``; return the paths."""
+    """Collect, check metric and x, write ``summary.csv``, ``summary.md``, ``summary.png``; return the paths.
+
+    Without ``metric``, a sweep whose reports hold metrics plots every metric (a heatmap per metric when
+    two overrides vary); other sweeps plot ``difference.max_abs``.
+    """
     root = Path(sweep_dir)
     return write_collected(root, collect(root), metric, x, plot)
 
 
-def write_collected(root: Path, jobs: list[dict[str, Any]], metric: str, x: str | None, plot: bool) -> list[Path]:
+def write_collected(
+    root: Path, jobs: list[dict[str, Any]], metric: str | None, x: str | None, plot: bool
+) -> list[Path]:
     """``write_summary`` for collected jobs; when plotting, nothing is written unless metric and x are usable."""
+    if metric is None and metric_names(jobs):
+        return write_metric_summary(root, jobs, x, plot)
+    metric = metric or DEFAULT_METRIC
     points = metric_points(jobs, metric) if plot else {}
     axis = choose_x(jobs, x, points) if plot else None
     has_metric = plot or any(lookup(job["report"], metric) is not None for job in jobs)
@@ -130,6 +152,39 @@ def write_collected(root: Path, jobs: list[dict[str, Any]], metric: str, x: str 
         written.append(root / "summary.png")
         write_atomic(written[2], lambda p: plot_metric(p, points, metric, axis))
     return written
+
+
+def write_metric_summary(root: Path, jobs: list[dict[str, Any]], x: str | None, plot: bool) -> list[Path]:
+    """summary.csv/.md with every metric, and summary.png: each metric over the sweep (heatmaps over two keys)."""
+    rows = summary_rows(jobs)
+    written = [root / "summary.csv", root / "summary.md"]
+    write_atomic(written[0], lambda p: p.write_text(to_csv(rows)))
+    write_atomic(written[1], lambda p: p.write_text(to_markdown(rows, root)))
+    if not plot:
+        return written
+    names = metric_names(jobs)
+    values = {m: metric_points(jobs, f"metrics.surgered.{m}") for m in names if _any_number(jobs, m)}
+    first = _first_report(jobs)
+    baseline = {m: v for m in values if (v := _number(lookup(first, f"metrics.unmodified.{m}"))) is not None}
+    changing = varying(jobs)
+    path = root / "summary.png"
+    if x is None and len(changing) == 2:
+        rows_of = {job["job"]: str(job["overrides"].get(changing[0], "")) for job in jobs}
+        cols_of = {job["job"]: str(job["overrides"].get(changing[1], "")) for job in jobs}
+        write_atomic(path, lambda p: plot_heatmaps(p, values, rows_of, cols_of, (changing[0], changing[1])))
+    else:
+        any_points = next(iter(values.values()))
+        axis = choose_x(jobs, x, any_points)
+        write_atomic(path, lambda p: plot_metrics(p, values, baseline, axis))
+    return [*written, path]
+
+
+def _any_number(jobs: list[dict[str, Any]], name: str) -> bool:
+    return any(_number(lookup(job["report"], f"metrics.surgered.{name}")) is not None for job in jobs)
+
+
+def _first_report(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((job["report"] for job in jobs if job["report"] is not None), None)
 
 
 def metric_points(jobs: list[dict[str, Any]], metric: str) -> dict[str, float]:
@@ -185,55 +240,6 @@ def choose_x(jobs: list[dict[str, Any]], x: str | None, points: dict[str, float]
     return {"label": "job", "values": {j: float(i) for i, j in enumerate(points)}, "ticks": ticks, "series": {}}
 
 
-def plot_metric(path: Path, points: dict[str, float], metric: str, axis: dict[str, Any]) -> None:
-    """Draw the metric against the x axis into a PNG (matplotlib, Agg backend): one line per series."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[str, list[str]] = {}
-    for job in sorted(points, key=lambda j: axis["values"][j]):
-        series.setdefault(axis["series"].get(job, ""), []).append(job)
-    by_index = bool(axis["ticks"])  # jobs side by side: points, no line between them
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(points)), 4.5), dpi=100)
-    try:
-        for name, members in series.items():
-            xs = [axis["values"][j] for j in members]
-            ys = [points[j] for j in members]
-            ax.plot(xs, ys, marker="o", linewidth=0 if by_index else 1.5, label=name or None)
-            for x_value, y_value in zip(xs, ys):
-                ax.annotate(
-                    f"{y_value:.4g}",
-                    (x_value, y_value),
-                    textcoords="offset points",
-                    xytext=(0, 6),
-                    ha="center",
-                    fontsize=8,
-                )
-        if by_index:
-            jobs = list(axis["ticks"])
-            slanted = len(jobs) > 8
-            ax.set_xticks([axis["values"][j] for j in jobs])
-            ax.set_xticklabels(
-                [axis["ticks"][j] for j in jobs],
-                fontsize=8,
-                rotation=40 if slanted else 0,
-                ha="right" if slanted else "center",
-            )
-        if len(series) > 1:
-            ax.legend(fontsize=8)
-        ax.set_xlabel(axis["label"])
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric} over {len(points)} job(s)")
-        ax.grid(True, alpha=0.3)
-        ax.margins(x=0.08, y=0.15)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
-
-
 def to_csv(rows: list[dict[str, Any]]) -> str:
     """The rows as CSV with a header line."""
     out = io.StringIO()
@@ -262,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("dir", metavar="DIR", help="a sweep directory (hydra.sweep.dir) holding DIR/N/report.json")
     parser.add_argument(
-        "--metric", default=DEFAULT_METRIC, help=f"dotted path into report.json to plot (default {DEFAULT_METRIC})"
+        "--metric",
+        default=None,
+        help=f"dotted path into report.json to plot (default: every metric the reports hold, else {DEFAULT_METRIC})",
     )
     parser.add_argument("--x", default=None, help="override to plot against (default: the one that varies)")
     parser.add_argument("--no-plot", action="store_true", help="write summary.csv and summary.md only")
