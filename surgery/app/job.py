@@ -18,7 +18,7 @@ from surgery.app.inputs import batch_count, loss_of, make_inputs
 from surgery.app.io import read_tensors, write_json, write_tensors
 from surgery.app.report import difference, environment, fingerprint, first_tensor, stats
 from surgery.core.compiler import Plan, compile_plan, load_actions
-from surgery.core.engine import Surgery, apply_plan, hooks_on
+from surgery.core.engine import Surgery, apply_plan
 from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
@@ -128,12 +128,11 @@ def surgered_run(
     model, settings = job.model, job.settings
     state_before = fingerprint(model.state_dict())
     modules_before, params_before = _counts(model)
-    hooks_before = hooks_on(model)
     original = unmodified_forward(job) if settings.compare else None
     model.zero_grad(set_to_none=True)
 
     clock = time.perf_counter()
-    surgery = apply_plan(model, job.plan)
+    surgery = apply_plan(model, job.plan, verify=True)
     job.timings["apply_s"] = time.perf_counter() - clock
     try:
         if job.load_late:
@@ -147,9 +146,10 @@ def surgered_run(
         images = _plot(surgery, out_dir)
         hooks = dict(surgery.hook_count)
     finally:
-        surgery.remove()
+        surgery.remove(verify=False)  # checked below, not while an error may be on its way out
         model.zero_grad(set_to_none=True)
-    restored = fingerprint(model.state_dict()) == state_before and hooks_on(model) == hooks_before
+    surgery.remove(verify=True)  # the engine's check: every hook attribute, module, tensor slot and flag
+    restored = fingerprint(model.state_dict()) == state_before  # and every value, bit for bit
     if not restored:
         raise RuntimeError("the model was not restored exactly after remove(); this is a bug in surgery")
     plan = [{**step, "hooks": hooks.get(step["action"], 0)} for step in job.plan.to_dict()]
