@@ -44,11 +44,11 @@ def test_op_fn_by_path_and_by_partial_target_node() -> None:
     ("action", "fragment"),
     [
         ({"kind": "replace_forward", "type": "Linear", "fn": "tests.helpers_callables:double_plus_one"},
-         "actions.a.fn: 'tests.helpers_callables:double_plus_one' is an import-path callable, refused because safe"),
+         "actions.a.fn: 'tests.helpers_callables:double_plus_one' is not on the safe-mode allowlist, refused because"),
         ({"kind": "modify_output", "select": "fc", "op": "fn", "fn": {"_target_": "os.system", "_partial_": True}},
-         "actions.a.fn._target_: 'os.system' is outside torch and surgery, refused because safe=true"),
+         "actions.a.fn._target_: 'os.system' is not on the safe-mode allowlist, refused because safe=true"),
         ({"kind": "replace_module", "type": "ReLU", "with": {"_target_": "collections.OrderedDict"}},
-         "actions.a.with._target_: 'collections.OrderedDict' is outside torch and surgery"),
+         "actions.a.with._target_: 'collections.OrderedDict' is not on the safe-mode allowlist"),
     ],
 )  # fmt: skip
 def test_safe_mode_refuses_code_the_config_names(action: dict, fragment: str, tiny: TinyNet) -> None:

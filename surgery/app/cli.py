@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from surgery.core.paths import config_dir, group_options
 from surgery.errors import SurgeryError
@@ -68,11 +68,49 @@ def _task(cfg: DictConfig) -> None:
         raise InternalFailure(EXIT_INTERNAL) from None
 
 
+def _safe_in(config: DictConfig) -> bool:
+    """Whether a composed config asks for safe mode: anything but an explicit false (it is not validated yet)."""
+    value = OmegaConf.select(config, "safe", default=False, throw_on_resolution_failure=False)
+    return value not in (False, None, 0, "false", "False")
+
+
+def _guard_hydra_callbacks() -> None:
+    """Check ``hydra.callbacks`` against the safe-mode allowlist before Hydra builds them.
+
+    Hydra instantiates its callbacks (``Callbacks(cfg)``, right after composing, before the run
+    directory or the task) with no hook of its own, so the check wraps that constructor.
+    """
+    from hydra._internal.callbacks import Callbacks
+
+    from surgery.core.callables import check_callbacks, refusal
+
+    build = Callbacks.__init__
+    if getattr(build, "surgery_guard", False):
+        return
+
+    def guarded(self: Callbacks, config: DictConfig | None = None) -> None:
+        if config is not None and _safe_in(config):
+            try:
+                try:
+                    callbacks = OmegaConf.to_container(OmegaConf.select(config, "hydra.callbacks"), resolve=True)
+                except Exception:  # noqa: BLE001 - what cannot be read cannot be checked
+                    raise refusal("hydra.callbacks", OmegaConf.select(config, "hydra.callbacks")) from None
+                check_callbacks(callbacks, safe=True)
+            except SurgeryError as e:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(EXIT_BAD_INPUT)
+        build(self, config)
+
+    guarded.surgery_guard = True  # type: ignore[attr-defined]
+    Callbacks.__init__ = guarded  # type: ignore[method-assign]
+
+
 def main() -> None:
     """Entry point of ``python -m surgery`` and the ``surgery`` console script."""
     if len(sys.argv) == 1:  # no model, no overrides: help without creating a run directory
         print(usage())
         return
+    _guard_hydra_callbacks()
     try:
         _task()
     except InternalFailure:

@@ -1,35 +1,137 @@
 """Custom Python named in configs: ``pkg.module:function`` and ``_target_`` nodes.
 
-Both run code the config names, so ``safe=true`` refuses every import path and any
-``_target_`` outside torch and surgery. Everything is resolved at plan time, so a typo is a
-config error before the model is touched.
+Both run code the config names, so ``safe=true`` admits only an explicit allowlist
+(:func:`is_allowed`): a name is resolved to the object it denotes and that object is compared by
+identity, never by the spelling of its path (``torch.load`` starts with ``torch.`` and is refused).
+Everything is resolved at plan time, so a typo is a config error before the model is touched.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any
 
 from surgery.errors import ConfigError, did_you_mean
 
-SAFE_TARGET_PREFIXES = ("torch.", "surgery.")
+# Only names under these packages are ever imported to be checked: importing any other module
+# could itself run code, and nothing outside them is allowed anyway.
+_IMPORTABLE = ("torch", "surgery")
+OWN_PACKAGE = "surgery.models"
+# Hydra's own callback that only logs a job's return value: the one hydra.callbacks entry safe mode admits.
+SAFE_CALLBACKS = ("hydra.experimental.callbacks.LogJobReturnCallback",)
+
+ALLOWED = (
+    "torch.nn module classes (torch.nn.Linear, torch.nn.GELU, ...), torch.nn.init functions, the tensor functions"
+    " of expressions and torch.nn.functional (torch.relu, torch.nn.functional.gelu, ...) and surgery.models"
+)
+
+
+@cache
+def _allowed_objects() -> frozenset[int]:
+    """ids of every allowed callable except surgery.models' own (those are recognised by where they are defined)."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    from surgery.expr.runtime import FUNCTIONS
+
+    allowed: list[Any] = [obj for name, obj in vars(nn).items() if _is_module_class(obj) and not name.startswith("_")]
+    allowed += [obj for name, obj in vars(nn.init).items() if _public_function(name, obj, "torch.nn.init")]
+    allowed += [obj for name, obj in vars(F).items() if _public_function(name, obj, None)]
+    allowed += [obj for obj in FUNCTIONS.values() if getattr(obj, "__module__", "") != "surgery.expr.runtime"]
+    return frozenset(map(id, allowed))
+
+
+def _is_module_class(obj: Any) -> bool:
+    from torch import nn
+
+    return isinstance(obj, type) and issubclass(obj, nn.Module)
+
+
+def _public_function(name: str, obj: Any, module: str | None) -> bool:
+    """A public function defined (or, for torch.nn.functional, exposed) in that namespace; not a class or module."""
+    if name.startswith("_") or isinstance(obj, type) or inspect.ismodule(obj) or not callable(obj):
+        return False
+    if module is not None:
+        return getattr(obj, "__module__", None) == module
+    # torch.nn.functional also holds typing helpers and dispatch utilities imported from elsewhere
+    return getattr(obj, "__module__", None) in ("torch.nn.functional", "torch._C._nn", "torch")
+
+
+def _own(obj: Any) -> bool:
+    """A public class or function defined at the top level of a surgery.models module."""
+    module_name = getattr(obj, "__module__", None) or ""
+    qualname = getattr(obj, "__qualname__", "") or ""
+    if not (module_name == OWN_PACKAGE or module_name.startswith(OWN_PACKAGE + ".")) or "." in qualname:
+        return False
+    module = sys.modules.get(module_name)
+    return not qualname.startswith("_") and getattr(module, qualname, None) is obj
+
+
+def allowed_object(obj: Any) -> bool:
+    """Whether a resolved callable is on the safe-mode allowlist (by identity, never by name)."""
+    return id(obj) in _allowed_objects() or _own(obj)
+
+
+def _resolve(target: Any) -> Any:
+    """The object a ``_target_`` names, importing only torch and surgery modules; None when it names nothing."""
+    if not isinstance(target, str):
+        return target if callable(target) else None
+    if target.partition(".")[0] not in _IMPORTABLE:
+        return None
+    from hydra._internal.utils import _locate  # what hydra.utils.instantiate itself resolves with
+
+    try:
+        return _locate(target)
+    except Exception:  # noqa: BLE001 - a name that resolves to nothing is not allowed
+        return None
+
+
+def is_allowed(target: Any) -> bool:
+    """Whether a ``_target_`` (a dotted path or a callable) names an allowlisted callable."""
+    if isinstance(target, str) and target in SAFE_CALLBACKS:
+        return False  # callbacks only: see check_callbacks
+    obj = _resolve(target)
+    return obj is not None and allowed_object(obj)
+
+
+def refusal(where: str, what: Any) -> ConfigError:
+    """The one-line safe-mode refusal: the key, what was refused, what is allowed."""
+    return ConfigError(
+        f"{where}: {what!r} is not on the safe-mode allowlist, refused because safe=true"
+        f" (allowed: {ALLOWED}; set safe=false to allow it)"
+    )
 
 
 def check_targets(node: Any, where: str, safe: bool) -> None:
-    """Under ``safe``, refuse any ``_target_`` (at any depth) outside torch and surgery."""
+    """Under ``safe``, refuse any ``_target_`` (at any depth, in lists too) that is not allowlisted."""
+    if not safe:
+        return
     if isinstance(node, Mapping):
-        target = node.get("_target_")
-        if safe and target is not None and not str(target).startswith(SAFE_TARGET_PREFIXES):
-            raise ConfigError(
-                f"{where}._target_: {target!r} is outside torch and surgery, refused because safe=true"
-                " (safe mode runs no code a config names; set safe=false to allow it)"
-            )
+        if "_target_" in node and not is_allowed(node["_target_"]):
+            raise refusal(f"{where}._target_", node["_target_"])
         for key, value in node.items():
             check_targets(value, f"{where}.{key}", safe)
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
             check_targets(value, f"{where}[{i}]", safe)
+
+
+def check_callbacks(callbacks: Any, safe: bool) -> None:
+    """Under ``safe``, refuse ``hydra.callbacks`` entries outside the allowlist (checked before Hydra builds them)."""
+    if not safe or not isinstance(callbacks, Mapping):
+        return
+    for name, node in callbacks.items():
+        where = f"hydra.callbacks.{name}"
+        if isinstance(node, Mapping) and node.get("_target_") in SAFE_CALLBACKS:
+            check_targets({k: v for k, v in node.items() if k != "_target_"}, where, safe)
+            continue
+        if not isinstance(node, Mapping) or "_target_" not in node:
+            raise refusal(where, node)
+        check_targets(node, where, safe)
 
 
 def instantiate_node(node: Mapping[str, Any], where: str, safe: bool) -> Any:
@@ -67,17 +169,28 @@ def resolve_callable(spec: Any, where: str, safe: bool) -> Callable[..., Any]:
     if isinstance(spec, Mapping) and "_target_" in spec:
         obj = instantiate_node(spec, where, safe)
     elif isinstance(spec, str) and ":" in spec:
-        if safe:
-            raise ConfigError(
-                f"{where}: {spec!r} is an import-path callable, refused because safe=true;"
-                " use expr or a built-in, or set safe=false"
-            )
+        if safe and not _allowed_path(spec):
+            raise refusal(where, spec)
         obj = _import(spec, where)
     else:
         raise ConfigError(f"{where}: expected pkg.module:function or a _target_ node, got {spec!r}")
     if not callable(obj):
         raise ConfigError(f"{where}: {spec!r} gives a {type(obj).__name__}, which is not callable")
     return obj
+
+
+def _allowed_path(spec: str) -> bool:
+    """Whether ``pkg.module:function`` names an allowlisted callable; imports only torch and surgery modules."""
+    module_name, _, attr_path = spec.partition(":")
+    if module_name.partition(".")[0] not in _IMPORTABLE:
+        return False
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr)
+    except Exception:  # noqa: BLE001 - a name that resolves to nothing is not allowed
+        return False
+    return allowed_object(obj)
 
 
 def _import(spec: str, where: str) -> Any:

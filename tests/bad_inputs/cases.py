@@ -294,7 +294,10 @@ CASES: list[Case] = [
         {"kind": "on_load", "rename": {"blocks.*.attn": "layers.attn"}}),
     act("on_load_nothing_to_do", "rename", ("nothing to do",), {"kind": "on_load"}),
     run("safe_refuses_import_path", "actions.a.fn", ("refused because safe=true",), *CNN, "safe=true",
-        "+actions.a={kind:modify_output,select:block1,op:fn,fn:'torch:relu'}"),
+        "+actions.a={kind:modify_output,select:block1,op:fn,fn:'torch:load'}"),
+    run("safe_refuses_torch_load", "actions.a.with._target_",
+        ("'torch.load' is not on the safe-mode allowlist", "torch.nn module classes", "set safe=false"), *CNN,
+        "safe=true", "+actions.a={kind:replace_module,type:ReLU,with:{_target_:torch.load,f:a.pt,weights_only:false}}"),
     # ------------------------------------------------------------ patch source missing or mis-shaped
     act("patch_file_missing", "from.file", ("'nowhere.safetensors' does not exist",),
         {"kind": "modify_output", "select": "block3", "op": "patch",
