@@ -1,4 +1,4 @@
-"""Tiny models and helpers shared by the tests: build fast, check restores exactly."""
+"""Tiny models and helpers shared by the tests: build fast, check restores exactly (independently of surgery)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from surgery.core.engine import hooks_on
 from surgery.models.functions import Functions
 
 
@@ -40,32 +39,120 @@ class PairOut(nn.Module):
         return y, y * 2
 
 
+# Every attribute PyTorch keeps for hooks, read here on purpose rather than through the product's own
+# helpers: a restore check built on the code under test would be blind to what that code misses.
+MODULE_HOOK_ATTRS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+    "_is_full_backward_hook",
+    "_non_persistent_buffers_set",
+)
+TENSOR_HOOK_ATTRS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def hook_attr(value: Any) -> Any:
+    """A hook attribute as comparable data: None stays None (not an empty dict), dicts keep order and hooks."""
+    if isinstance(value, (set, frozenset)):
+        return ("set", sorted(value))
+    if isinstance(value, dict):
+        return ("dict", [(key, id(fn)) for key, fn in value.items()])
+    return value
+
+
+def module_facts(module: nn.Module) -> dict[str, Any]:
+    """A module's class, identity, mode, children, own tensor slots and every hook attribute."""
+    facts: dict[str, Any] = {
+        "class": type(module),
+        "identity": id(module),
+        "training": module.training,
+        "children": [(n, id(c)) for n, c in module._modules.items()],
+        "parameters": [(n, id(t)) for n, t in module._parameters.items()],
+        "buffers": [(n, id(t)) for n, t in module._buffers.items()],
+    }
+    for name in MODULE_HOOK_ATTRS:
+        facts[name] = hook_attr(vars(module).get(name, "<absent>"))
+    return facts
+
+
+def tensor_facts(tensor: torch.Tensor) -> dict[str, Any]:
+    """A tensor's class, dtype, shape, requires_grad and hook attributes (values are compared apart)."""
+    facts = {name: hook_attr(getattr(tensor, name, "<absent>")) for name in TENSOR_HOOK_ATTRS}
+    facts.update(
+        {"class": type(tensor), "dtype": tensor.dtype, "shape": tuple(tensor.shape), "grad": tensor.requires_grad}
+    )
+    return facts
+
+
+def global_hooks() -> dict[str, Any]:
+    """PyTorch's module-global hook dicts (surgery must never touch them)."""
+    from torch.nn.modules import module as torch_module
+
+    return {name: hook_attr(value) for name, value in vars(torch_module).items() if name.startswith("_global_")}
+
+
 @dataclass
 class Snapshot:
-    """Everything remove() must give back: tensors bit for bit, flags, names, hook count."""
+    """Everything remove() must give back: every module's hook attributes, class, children and tensor slots;
+    every tensor's hook attributes, flags and values bit for bit; PyTorch's global hooks."""
 
-    state: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]  # every parameter and buffer (non-persistent too) by full name
     requires_grad: dict[str, bool]
-    hooks: int
+    modules: dict[str, dict[str, Any]]
+    tensors: dict[str, dict[str, Any]]
+    globals: dict[str, Any]
 
     @classmethod
     def of(cls, model: nn.Module) -> Snapshot:
         """Take a deep snapshot of the model."""
-        return cls(
-            {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
-            {k: p.requires_grad for k, p in model.named_parameters()},
-            hooks_on(model),
-        )
+        state: dict[str, torch.Tensor] = {}
+        modules: dict[str, dict[str, Any]] = {}
+        tensors: dict[str, dict[str, Any]] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            modules[path] = module_facts(module)
+            for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+                full = f"{path}.{name}" if path else name
+                if tensor is None:
+                    tensors[full] = {"none": True}
+                    continue
+                tensors[full] = tensor_facts(tensor)
+                state[full] = tensor.detach().clone()
+        requires_grad = {k: p.requires_grad for k, p in model.named_parameters()}
+        return cls(state, requires_grad, modules, tensors, global_hooks())
+
+    def differences(self, model: nn.Module) -> list[str]:
+        """What differs between the snapshot and ``model`` now, one line each."""
+        now = Snapshot.of(model)
+        diffs = [f"module {k!r}: {a}" for k, a in _diff(self.modules, now.modules)]
+        diffs += [f"tensor {k!r}: {a}" for k, a in _diff(self.tensors, now.tensors)]
+        diffs += [f"global {k}" for k in self.globals if self.globals[k] != now.globals.get(k)]
+        for key, value in self.state.items():
+            if key in now.state and (now.state[key].dtype != value.dtype or not torch.equal(now.state[key], value)):
+                diffs.append(f"tensor {key!r}: values differ")
+        if now.requires_grad != self.requires_grad:
+            diffs.append(f"requires_grad: {self.requires_grad} -> {now.requires_grad}")
+        return diffs
 
     def assert_same(self, model: nn.Module) -> None:
-        """The model is bit-identical to the snapshot and carries no extra hook."""
-        now = Snapshot.of(model)
-        assert list(now.state) == list(self.state)
-        for key, value in self.state.items():
-            assert now.state[key].dtype == value.dtype, key
-            assert torch.equal(now.state[key], value), key
-        assert now.requires_grad == self.requires_grad
-        assert now.hooks == self.hooks
+        """The model is bit-identical to the snapshot in values, structure and every hook attribute."""
+        diffs = self.differences(model)
+        assert not diffs, "\n".join(diffs)
+
+
+def _diff(before: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    out = [(k, "gone") for k in before if k not in now] + [(k, "new") for k in now if k not in before]
+    for key, facts in before.items():
+        if key in now:
+            out += [(key, f"{a} {v!r} -> {now[key].get(a)!r}") for a, v in facts.items() if now[key].get(a) != v]
+    return out
 
 
 @pytest.fixture
