@@ -15,8 +15,9 @@ from torch import nn
 
 from surgery.app.build import build_model, module_table, resolve_device, seed_everything, settings_of
 from surgery.app.inputs import batch_count, loss_of, make_inputs
+from surgery.app.interrupt import Interrupted, Interrupts, exit_code, remove_temporary_files
 from surgery.app.io import read_tensors, write_json, write_tensors
-from surgery.app.report import difference, environment, fingerprint, first_tensor, stats
+from surgery.app.report import difference, environment, fingerprint, first_tensor, output_tensors, stats
 from surgery.core.compiler import Plan, compile_plan, load_actions
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.records import flatten_captures
@@ -36,6 +37,16 @@ def forward(model: nn.Module, inputs: tuple[torch.Tensor, ...], settings: RunSet
 
 
 @dataclass
+class Reached:
+    """How far a job got: what an interrupted run's report says."""
+
+    mode: str = ""
+    batches: int = 0
+    done: int = 0  # batches finished
+    report: dict[str, Any] | None = None  # the report.json written, once it is
+
+
+@dataclass
 class Job:
     """One run's settings, model, inputs and plan, as prepared before anything is changed."""
 
@@ -48,6 +59,8 @@ class Job:
     plan: Plan
     load_late: bool  # a checkpoint loaded after applying, through on_load hooks
     timings: dict[str, float] = field(default_factory=dict)
+    interrupts: Interrupts = field(default_factory=Interrupts)  # run_job's, checked after every batch
+    reached: Reached = field(default_factory=Reached)
 
     def batch_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         """The inputs of batch ``batch`` (batch 0 is the one planned and compared with)."""
@@ -57,15 +70,61 @@ class Job:
         return make_inputs(self.input_spec, self.settings.seed, dtype, device, batch)
 
 
+OUTPUT_FILE_MAX_BYTES = 64 * 2**20  # batch 0's output is saved for replay up to this size
+
+
 def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    """Everything `python -m surgery` does for one job; returns the report it wrote."""
+    """Everything `python -m surgery` does for one job; returns the report it wrote.
+
+    SIGINT or SIGTERM while batches run stops after the current batch and writes what finished,
+    with ``"complete": false`` in report.json; at any other time, or a second one, it stops at once.
+    Either way it prints one line on stderr and raises ``SystemExit`` (130 for SIGINT, 143 for SIGTERM).
+    """
+    reached = Reached()
+    with Interrupts() as interrupts:
+        try:
+            report = _run_job(cfg, out_dir, interrupts, reached)
+        except Interrupted as stop:
+            _stopped_at_once(out_dir, stop, interrupts, reached)
+    if interrupts.requested:
+        remove_temporary_files(out_dir)
+        print(
+            f"interrupted by {interrupts.name}: stopped after {reached.done} of {reached.batches} batches;"
+            f" wrote what finished and an incomplete report to {out_dir / 'report.json'}",
+            file=sys.stderr,
+        )
+        raise SystemExit(exit_code(interrupts.signal or 0))
+    return report
+
+
+def _stopped_at_once(out_dir: Path, stop: Interrupted, interrupts: Interrupts, reached: Reached) -> None:
+    """The job stopped where it was: remove temporary files, mark the report incomplete, one line, exit."""
+    remove_temporary_files(out_dir)
+    again = interrupts.count > 1
+    report = {**(reached.report or {"mode": reached.mode}), "complete": False, "interrupted": stop.args[0]}
+    report.update(batches=reached.batches, batches_done=reached.done)
+    if reached.mode not in ("", "modules"):
+        write_json(out_dir / "report.json", report)
+    where = f"; incomplete report in {out_dir / 'report.json'}" if reached.mode not in ("", "modules") else ""
+    print(
+        f"interrupted by {stop.args[0]}{' again' if again else ''}: stopped at once after {reached.done} of"
+        f" {reached.batches} batches{where}",
+        file=sys.stderr,
+    )
+    raise SystemExit(exit_code(stop.signum))
+
+
+def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Reached) -> dict[str, Any]:
     job = prepare(cfg)
     if job is None:
         return {}
+    job.interrupts, job.reached = interrupts, reached
+    reached.mode, reached.batches = job.settings.mode, job.batches
     print(job.plan)
     report: dict[str, Any] = {
         "mode": job.settings.mode,
         "seed": job.settings.seed,
+        "complete": True,
         "plan": job.plan.to_dict(),
         "warnings": job.plan.warnings,
     }
@@ -76,14 +135,21 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if job.settings.mode == "plan":
         report["fingerprints"] = prints
         write_json(out_dir / "report.json", report)
+        reached.report = report
         return report
-    body, captures, saved = surgered_run(job, out_dir, prints)
+    body, captures, saved, output = surgered_run(job, out_dir, prints)
     report.update(body)
     if captures:
         write_tensors(out_dir / "captures.safetensors", captures)
     if saved is not None:
         write_tensors(out_dir / "model.safetensors", saved)
+    outputs = output_tensors(output)  # for replay: how much another machine's output differs, not only that
+    fits = 0 < sum(t.numel() * t.element_size() for t in outputs.values()) <= OUTPUT_FILE_MAX_BYTES
+    if fits:
+        write_tensors(out_dir / "output.safetensors", outputs)
+    report["output_file"] = "output.safetensors" if fits else None
     write_json(out_dir / "report.json", report)
+    reached.report = report
     from surgery.app.report_md import write_report_md
 
     write_report_md(report, out_dir, [out_dir / p for p in report["plots"]])
@@ -120,10 +186,11 @@ def prepare(cfg: DictConfig) -> Job | None:
 
 def surgered_run(
     job: Job, out_dir: Path, prints: dict[str, str]
-) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor] | None, Any]:
     """Run the original, apply, run every batch, remove, check the restore.
 
-    Returns the report's body, the in-memory captures and (with ``save_model``) the surgered state.
+    Returns the report's body, the in-memory captures, (with ``save_model``) the surgered state
+    and batch 0's output.
     """
     model, settings = job.model, job.settings
     state_before = fingerprint(model.state_dict())
@@ -140,7 +207,7 @@ def surgered_run(
         modules_after, params_after = _counts(model)
         state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
         saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else None
-        output, output_print = run_batches(job, surgery, out_dir)
+        output, output_print, done = run_batches(job, surgery, out_dir)
         memory = {a: r for a, r in surgery.captures.items() if a not in _streamed(job.plan)}
         captures = flatten_captures(memory)
         images = _plot(surgery, out_dir)
@@ -164,6 +231,8 @@ def surgered_run(
             "parameters_after": params_after,
         },
         "batches": job.batches,
+        "batches_done": done,
+        "complete": done == job.batches,
         "input": [stats(x) for x in job.inputs],
         "output": stats(first_tensor(output)),
         "original_output": stats(first_tensor(original)) if settings.compare else None,
@@ -181,7 +250,7 @@ def surgered_run(
             "output": output_print,
         },
     }
-    return body, captures, saved
+    return body, captures, saved, output
 
 
 def unmodified_forward(job: Job) -> Any:
@@ -216,19 +285,27 @@ def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...]) -> Any:
 OBSERVING_KINDS = frozenset({"capture", "capture_grad", "log"})
 
 
-def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str]:
-    """Every batch through the surgered model, streaming disk captures after each; batch 0's output."""
+def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str, int]:
+    """Every batch through the surgered model, streaming disk captures after each.
+
+    Returns batch 0's output, the output fingerprint and how many batches ran: fewer than
+    ``job.batches`` when a signal asked to stop (checked after each batch, shard written).
+    """
     clock = time.perf_counter()
     first: Any = None
     prints = []
     shards = 0
-    for batch in progress(range(job.batches), "batches"):
-        output = surgered_forward(job, job.batch_inputs(batch))
-        first = output if batch == 0 else first
-        prints.append(fingerprint(output))
-        shards += write_shard(surgery, out_dir / "captures", shards)
+    with job.interrupts.deferring():
+        for batch in progress(range(job.batches), "batches"):
+            output = surgered_forward(job, job.batch_inputs(batch))
+            first = output if batch == 0 else first
+            prints.append(fingerprint(output))
+            shards += write_shard(surgery, out_dir / "captures", shards)
+            job.reached.done = batch + 1
+            if job.interrupts.requested:
+                break
     job.timings["forward_s"] = time.perf_counter() - clock
-    return first, prints[0] if job.batches == 1 else fingerprint(prints)
+    return first, prints[0] if job.batches == 1 else fingerprint(prints), job.reached.done
 
 
 def write_shard(surgery: Surgery, directory: Path, number: int) -> int:

@@ -85,7 +85,11 @@ def first_tensor(value: Any) -> Any:
 
 
 def environment(device: str) -> dict[str, str]:
-    """Versions of python, torch and surgery, and the device used."""
+    """Versions of python, torch and surgery, the CPU and its vector capability, and the device used.
+
+    The CPU matters for bits: MKL picks GEMM kernels by CPU (and by alignment), so the same run can
+    differ in the last float bits on another machine; ``surgery.replay`` names what changed.
+    """
     from surgery import __version__
 
     return {
@@ -93,5 +97,30 @@ def environment(device: str) -> dict[str, str]:
         "torch": torch.__version__,
         "surgery": __version__,
         "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         "device": device,
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def output_tensors(value: Any, prefix: str = "output") -> dict[str, torch.Tensor]:
+    """The tensors of a model output by path (``output``, ``output/0``, ``output/logits``), for output.safetensors."""
+    if isinstance(value, torch.Tensor):
+        return {prefix: value}
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (tuple, list)) else ()
+    found: dict[str, torch.Tensor] = {}
+    for key, item in items:
+        found.update(output_tensors(item, f"{prefix}/{key}"))
+    return found
