@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from surgery.app.job import run_job
 from surgery.core.paths import config_dir, group_options
 from surgery.errors import SurgeryError
+from tests.exact_runs import job_of, linearized, logits, max_abs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,8 +56,12 @@ def test_main_job_writes_a_report_and_exits_0(tmp_path: Path) -> None:
     report = json.loads((run / "report.json").read_text())
     assert report["plan"][0]["matched"] == ["block1.act", "block2.act", "block3.act"]
     assert report["plan"][0]["hooks"] == 3
-    assert report["restored"] is True
-    assert report["difference"]["comparable"] and report["difference"]["max_abs"] > 0
+    # linearize and capture change no tensor (no report["restored"] check: see test_a_run_that_does_not_restore_fails)
+    assert report["fingerprints"]["state_dict_before"] == report["fingerprints"]["state_dict_after"]
+    model, x = job_of("+model=cnn")
+    original = logits(model, x)
+    assert report["difference"]["comparable"]
+    assert report["difference"]["max_abs"] == max_abs(logits(linearized(model), x), original)
     assert set(report["fingerprints"]) == {
         "config", "matched_modules", "input", "state_dict_before", "state_dict_after", "output"
     }  # fmt: skip
@@ -115,9 +120,17 @@ def test_functions_run_gives_the_hand_computed_numbers(tmp_path: Path) -> None:
 @pytest.mark.parametrize("model", group_options("model"))
 def test_every_model_config_builds_and_runs(model: str, tmp_path: Path) -> None:
     report = run_job(composed(f"+model={model}", "+actions=init_ones", "backward=true"), tmp_path)
-    assert (
-        report["restored"] and report["fingerprints"]["state_dict_before"] != report["fingerprints"]["state_dict_after"]
-    )
+    assert report["fingerprints"]["state_dict_before"] != report["fingerprints"]["state_dict_after"]
+
+
+def test_a_run_that_does_not_restore_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why no test asserts report["restored"]: a run whose remove() leaves a change raises instead of reporting."""
+    import surgery.core.engine
+
+    monkeypatch.setattr(surgery.core.engine.Surgery, "remove", lambda self, verify=False: None)
+    with pytest.raises(RuntimeError, match="the model was not restored exactly after remove"):
+        run_job(composed("+model=mlp", "+actions=init_ones"), tmp_path)
+    assert not (tmp_path / "report.json").exists()
 
 
 ACTIONS_FOR = {
@@ -137,7 +150,8 @@ def test_every_actions_config_runs_on_a_model_it_is_meant_for(actions: str, tmp_
     if model is None:
         pytest.skip("covered by its own test")
     report = run_job(composed(f"+model={model}", f"+actions={actions}", "backward=true"), tmp_path)
-    assert report["restored"] and all(step["hooks"] or step["mechanism"] == "apply pass" for step in report["plan"])
+    assert report["plan"] and all(step["matched"] for step in report["plan"])
+    assert all(step["hooks"] or step["mechanism"] == "apply pass" for step in report["plan"])
 
 
 def test_same_config_and_seed_give_identical_fingerprints(tmp_path: Path) -> None:
@@ -195,7 +209,10 @@ def test_activation_patching_across_two_runs(tmp_path: Path) -> None:
     )
     assert patched["fingerprints"]["input"] != first["fingerprints"]["input"]  # another input ...
     assert patched["fingerprints"]["output"] == first["fingerprints"]["output"]  # ... yet block3 and so logits are A's
-    assert patched["difference"]["max_abs"] > 0  # and they differ from what B gives unpatched
+    # ... and they differ from what B gives unpatched by exactly this much
+    model, x_a = job_of("+model=cnn")
+    _, x_b = job_of("+model=cnn", "+input.seed=7")
+    assert patched["difference"]["max_abs"] == max_abs(logits(model, x_a), logits(model, x_b))
 
 
 def test_sequence_logits_take_class_losses_and_shared_captures_are_written(tmp_path: Path) -> None:
@@ -205,7 +222,7 @@ def test_sequence_logits_take_class_losses_and_shared_captures_are_written(tmp_p
         "backward=true", "loss=cross_entropy",
     )  # fmt: skip
     report = run_job(cfg, tmp_path)
-    assert report["restored"]
+    assert report["plan"][0]["hooks"] == 2
     from safetensors.torch import load_file
 
     captures = load_file(str(tmp_path / "captures.safetensors"))
@@ -226,7 +243,6 @@ def test_saved_surgered_model_reloads_strictly_from_the_cli(tmp_path: Path) -> N
         tmp_path / "b",
     )
     assert again["fingerprints"]["output"] == first["fingerprints"]["output"]
-    assert again["restored"]
     with pytest.raises(SurgeryError, match=r"model\.checkpoint: .* does not fit the model \(unexpected keys: ab\.a\.b"):
         run_job(composed("+model=functions", "+actions=function_linear", f"model.checkpoint={saved}"), tmp_path / "c")
 

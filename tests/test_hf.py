@@ -23,6 +23,8 @@ from surgery.core.paths import config_dir  # noqa: E402
 from surgery.errors import ConfigError  # noqa: E402
 from surgery.models.hf import bert_tiny, gpt2_tiny  # noqa: E402
 from tests.conftest import Snapshot  # noqa: E402
+from tests.exact_runs import job_of, max_abs, scale_item0, with_hooks, zero_output  # noqa: E402
+from tests.exact_runs import logits as job_logits  # noqa: E402
 
 FACTORIES = {"gpt2_tiny": gpt2_tiny, "bert_tiny": bert_tiny}
 MATCHES = {  # (recipe, model) -> the modules the recipe must select, in model order
@@ -196,10 +198,12 @@ def test_cli_job_gpt2_runs_every_recipe_with_backward(tmp_path: Path) -> None:
     assert [(step["action"], step["matched"], step["hooks"]) for step in report["plan"]] == [
         (name, MATCHES[name, "gpt2_tiny"], 2) for name in ("capture_residual", "ablate_mlp", "scale_attention")
     ]
-    assert report["restored"] is True
     assert report["input"] == [{"shape": [2, 16], "dtype": "int64"}]  # token ids stay ints, even with backward
     assert report["output"]["shape"] == [2, 16, 100]
-    assert report["difference"]["comparable"] and report["difference"]["max_abs"] > 0
+    assert report["difference"]["comparable"]
+    assert report["difference"]["max_abs"] == hand_surgered_max_abs(
+        ("+model=gpt2_tiny", "backward=true"), "transformer.h.{}.mlp", "transformer.h.{}.attn"
+    )
     from safetensors.torch import load_file
 
     captures = load_file(str(tmp_path / "captures.safetensors"))
@@ -212,6 +216,21 @@ def test_cli_job_bert_runs_its_recipes_and_follows_the_vocab_size(tmp_path: Path
     assert [(step["action"], step["matched"], step["hooks"]) for step in report["plan"]] == [
         (name, MATCHES[name, "bert_tiny"], 2) for name in ("capture_residual", "ablate_mlp", "scale_attention")
     ]
-    assert report["restored"] is True
     assert report["output"]["shape"] == [2, 16, 50]  # token ids were drawn below the new vocab size
-    assert report["difference"]["max_abs"] > 0
+    assert report["difference"]["max_abs"] == hand_surgered_max_abs(
+        ("+model=bert_tiny", "backward=true", "model.vocab_size=50"),
+        "bert.encoder.layer.{}.output.dense",
+        "bert.encoder.layer.{}.attention.self",
+    )
+
+
+def hand_surgered_max_abs(overrides: tuple[str, ...], mlp: str, attention: str) -> float:
+    """ablate_mlp and scale_attention (0.5) on blocks 0 and 1 as hand-written hooks: the report's max |change|."""
+    model, x = job_of(*overrides)
+    original = job_logits(model, x)
+    hooks = {mlp.format(i): zero_output for i in (0, 1)} | {attention.format(i): scale_item0(0.5) for i in (0, 1)}
+    handles = with_hooks(model, hooks)
+    surgered = job_logits(model, x)
+    for handle in handles:
+        handle.remove()
+    return max_abs(surgered, original)

@@ -90,7 +90,13 @@ def test_documented_variables_are_what_each_kind_allows(place):
 
 @pytest.mark.parametrize(("what", "text"), gen_reference.GRAMMAR, ids=[row[1] for row in gen_reference.GRAMMAR])
 def test_grammar_examples_are_accepted(what, text):
-    compile_expr(text, WHERE)
+    torch.manual_seed(0)
+    module = nn.Linear(4, 4)
+    x, output = torch.randn(2, 4), torch.randn(2, 4)
+    got = compile_expr(text, WHERE)(x=x, output=output, module=module)
+    plain = {"x": x, "output": output, "module": module, "softmax": torch.softmax, "cat": torch.cat}
+    want = eval(text, {"__builtins__": {}}, plain)  # the same text in plain torch: the doc example means that
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want), (text, got, want)
 
 
 REFUSED = [(what, text) for what, texts, _ in gen_reference.REFUSED for text in texts]

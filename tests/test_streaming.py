@@ -16,6 +16,7 @@ from torch import nn
 import surgery
 from surgery.app.job import run_job
 from surgery.errors import ConfigError
+from tests.exact_runs import outputs_of, prepared
 from tests.test_cli import REPO, composed
 
 
@@ -25,7 +26,12 @@ def test_disk_capture_writes_one_shard_per_batch_with_every_batchs_tensors(tmp_p
     assert report["captures"]["shards"] == [f"batch-0000{i}.safetensors" for i in range(3)]
     assert report["captures"]["file"] is None  # nothing kept in memory
     shards = [load_file(str(tmp_path / "captures" / name)) for name in report["captures"]["shards"]]
-    assert set(shards[0]) == {f"capture/layers.{i}.fc/output" for i in range(3)} | {"capture/head/output"}
+    names = [f"layers.{i}.fc" for i in range(3)] + ["head"]
+    assert set(shards[0]) == {f"capture/{name}/output" for name in names}
+    job = prepared("+model=mlp", "+input.batches=3")  # each batch's tensors, by hand-written hooks
+    for batch, shard in enumerate(shards):
+        want = outputs_of(job.model, names, job.batch_inputs(batch))
+        assert all(torch.equal(shard[f"capture/{name}/output"], want[name]) for name in names), batch
     # batch 0 is the run's own input; later batches are different inputs
     assert not torch.equal(shards[0]["capture/head/output"], shards[1]["capture/head/output"])
     assert report["batches"] == 3
