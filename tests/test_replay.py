@@ -166,3 +166,95 @@ def test_bad_input_exits_2_with_one_message(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not list((tmp_path / "tmp").iterdir())  # the temporary run directory is gone again
+
+
+def test_report_environment_names_the_cpu_and_its_capability(tmp_path: Path) -> None:
+    report = run_job(composed("+model=functions", "+actions=add_five"), tmp_path)
+    env = report["environment"]
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        assert env["cpu"] == names[0]
+    assert env["torch"] == torch.__version__
+
+
+def test_the_run_saves_batch_zero_output_for_replay(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from surgery.app.report import fingerprint
+
+    report = run_job(composed("+model=mlp", "+actions=scale_output"), tmp_path)
+    assert report["output_file"] == "output.safetensors"
+    saved = load_file(str(tmp_path / "output.safetensors"))
+    assert list(saved) == ["output"]
+    assert fingerprint(saved["output"]) == report["fingerprints"]["output"]  # the very tensor fingerprinted
+
+
+def shifted(path: Path, shift: float) -> tuple[str, float]:
+    """Shift the first float tensor's first element (as another machine might); its key and the max abs difference."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    key = next(k for k, v in tensors.items() if v.is_floating_point())
+    before = tensors[key].clone()
+    tensors[key].view(-1)[0] += shift
+    save_file(tensors, str(path))
+    gap = (tensors[key].double() - before.double()).abs().max().item()
+    assert gap > 0, "the shift was lost to rounding"
+    return key, gap
+
+
+def test_replay_says_by_how_much_output_weights_and_captures_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = composed("+model=mlp", "+actions=[scale_output,capture]", "save_model=true")
+    run_dir = saved_run(cfg, tmp_path / "run")
+    out_key, out_gap = shifted(run_dir / "output.safetensors", 3e-8)  # the size of the AMD/Intel GEMM difference
+    weight_key, weight_gap = shifted(run_dir / "model.safetensors", 0.5)
+    capture_key, capture_gap = shifted(run_dir / "captures.safetensors", 0.25)
+    report = json.loads((run_dir / "report.json").read_text())
+    report["fingerprints"]["output"] = report["fingerprints"]["state_dict_after"] = "e" * 64
+    (run_dir / "report.json").write_text(json.dumps(report))
+    capsys.readouterr()
+    assert replay.main([str(run_dir), "--out", str(tmp_path / "new")]) == 1
+    out = capsys.readouterr().out
+    assert f"; max |difference| {out_gap:.3g} in {out_key})" in out
+    assert re.search(r"^output +different +\(was e{12}, now \w{12}; max \|difference\| ", out, flags=re.M), out
+    assert "state_dict_after   different  (was eeeeeeeeeeee, now " in out
+    assert f"; max |difference| {weight_gap:.3g} in {weight_key})" in out
+    assert f"captures.safetensors: max |difference| {capture_gap:.3g} in {capture_key}" in out
+    assert "another environment" not in out  # same machine
+
+
+def test_replay_without_saved_tensors_says_it_cannot_measure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=add_five"), tmp_path / "run")
+    report = json.loads((run_dir / "report.json").read_text())
+    report["fingerprints"]["state_dict_after"] = "f" * 64
+    (run_dir / "report.json").write_text(json.dumps(report))
+    (run_dir / "output.safetensors").unlink()
+    capsys.readouterr()
+    assert replay.main([str(run_dir), "--out", str(tmp_path / "new")]) == 1
+    out = capsys.readouterr().out
+    assert f"; no model.safetensors in {run_dir} to measure by)" in out  # save_model=true saves one
+
+
+def test_replay_names_what_differs_in_the_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=add_five"), tmp_path / "run")
+    report = json.loads((run_dir / "report.json").read_text())
+    now = dict(report["environment"])
+    report["environment"].update(cpu="Intel(R) Xeon(R) Platinum 8480+", cpu_capability="AVX512", torch="2.12.0")
+    (run_dir / "report.json").write_text(json.dumps(report))
+    capsys.readouterr()
+    assert replay.main([str(run_dir)]) == 0  # every fingerprint still identical
+    out = capsys.readouterr().out
+    assert (
+        f"another environment than the original run's: cpu: 'Intel(R) Xeon(R) Platinum 8480+' -> {now['cpu']!r};"
+        f" cpu_capability: 'AVX512' -> {now['cpu_capability']!r}; torch: '2.12.0' -> {now['torch']!r}\n"
+    ) in out
+    del report["environment"]["cpu"]  # a report from before the CPU was recorded
+    (run_dir / "report.json").write_text(json.dumps(report))
+    assert replay.main([str(run_dir)]) == 0
+    assert f"cpu: not recorded by the original run, now {now['cpu']!r}" in capsys.readouterr().out

@@ -8,6 +8,11 @@ Reads ``RUN_DIR/.hydra/config.yaml`` (the composed job config Hydra saved), runs
 fingerprints with ``RUN_DIR/report.json``. Start it from the directory the original run
 was started from: relative paths in the config (``input.path``, ``model.checkpoint``,
 ``from.file``) are read from there. Exit 0: all identical; 1: any differs; 2: bad input.
+
+Where a fingerprint differs, replay also says by how much, from the tensors both runs saved:
+``output`` from ``output.safetensors`` (batch 0's output), ``state_dict_after`` from
+``model.safetensors`` (``save_model=true``), and the captures from ``captures.safetensors``;
+and it names what differs in the environment (CPU, its vector capability, torch, python, device).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -31,14 +37,16 @@ EXIT_SAME = 0
 EXIT_DIFFERENT = 1
 EXIT_BAD_INPUT = 2
 SHORT = 12
+MEASURED_BY = {"output": "output.safetensors", "state_dict_after": "model.safetensors"}  # fingerprint: file
+ENVIRONMENT_KEYS = ("cpu", "cpu_capability", "torch", "python", "device")
 
 
 class ReplayError(Exception):
     """Bad input to replay: one message, exit 2."""
 
 
-def load_run(run_dir: Path) -> tuple[DictConfig, dict[str, str]]:
-    """The saved job config and the fingerprints of a run directory, checked."""
+def load_run(run_dir: Path) -> tuple[DictConfig, dict[str, Any]]:
+    """The saved job config and the report (with fingerprints) of a run directory, checked."""
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: no such directory")
     config_file, report_file = run_dir / ".hydra" / "config.yaml", run_dir / "report.json"
@@ -57,7 +65,7 @@ def load_run(run_dir: Path) -> tuple[DictConfig, dict[str, str]]:
     prints = report.get("fingerprints") if isinstance(report, dict) else None
     if not isinstance(prints, dict) or not prints:
         raise ReplayError(f"{report_file}: holds no fingerprints to compare")
-    return cfg, prints
+    return cfg, report
 
 
 def compare(old: dict[str, str], new: dict[str, Any]) -> dict[str, bool]:
@@ -65,20 +73,85 @@ def compare(old: dict[str, str], new: dict[str, Any]) -> dict[str, bool]:
     return {name: new.get(name) == value for name, value in old.items()}
 
 
-def table(old: dict[str, str], new: dict[str, Any], same: dict[str, bool]) -> str:
-    """An aligned table: fingerprint, identical/different, and both short hashes where they differ."""
+def table(
+    old: dict[str, str], new: dict[str, Any], same: dict[str, bool], amounts: dict[str, str] | None = None
+) -> str:
+    """An aligned table: fingerprint, identical/different, both short hashes and by how much where they differ."""
     width = max(len(name) for name in same)
     lines = []
     for name, ok in same.items():
         line = f"{name:<{width}}  {'identical' if ok else 'different'}"
         if not ok:
-            line += f"  (was {str(old[name])[:SHORT]}, now {str(new.get(name, 'missing'))[:SHORT]})"
+            amount = f"; {amounts[name]}" if amounts and name in amounts else ""
+            line += f"  (was {str(old[name])[:SHORT]}, now {str(new.get(name, 'missing'))[:SHORT]}{amount})"
         lines.append(line)
     return "\n".join(lines)
 
 
-def replay(run_dir: Path, out_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """Run the saved config of ``run_dir`` into ``out_dir``; the old and the new fingerprints.
+def max_difference(old_file: Path, new_file: Path) -> tuple[float, str] | str:
+    """(max abs difference, the key where it is) over two safetensors files, or why they cannot be compared."""
+    from surgery.app.io import read_tensors
+
+    if not old_file.is_file() or not new_file.is_file():
+        missing = old_file if not old_file.is_file() else new_file
+        return f"no {missing.name} in {missing.parent} to measure by"
+    try:
+        old, new = read_tensors(old_file, str(old_file)), read_tensors(new_file, str(new_file))
+    except SurgeryError as e:  # a damaged file: say so in the table rather than fail the comparison
+        return str(e)
+    if old.keys() != new.keys():
+        return f"{old_file.name}: the runs saved different tensors ({len(old)} vs {len(new)} keys)"
+    worst, where = 0.0, ""
+    for key, tensor in old.items():
+        if tensor.shape != new[key].shape:
+            return f"{old_file.name}: {key} is {list(tensor.shape)}, now {list(new[key].shape)}"
+        if tensor.numel() and not torch.equal(tensor, new[key]):
+            gap = (tensor.double() - new[key].double()).abs().max().item()
+            if gap > worst or not where:
+                worst, where = gap, key
+    return worst, where
+
+
+def measure(run_dir: Path, out_dir: Path, differ: list[str]) -> dict[str, str]:
+    """{fingerprint: 'max |difference| X in KEY'} for the differing fingerprints a saved file can measure."""
+    amounts = {}
+    for name in differ:
+        if name not in MEASURED_BY:
+            continue
+        found = max_difference(run_dir / MEASURED_BY[name], out_dir / MEASURED_BY[name])
+        if isinstance(found, str):
+            amounts[name] = found
+        elif found[1]:
+            amounts[name] = f"max |difference| {found[0]:.3g} in {found[1]}"
+        else:
+            amounts[name] = f"{MEASURED_BY[name]} identical (batch 0); a later batch differs"
+    return amounts
+
+
+def captures_line(run_dir: Path, out_dir: Path) -> str | None:
+    """One line on how much the captures differ, when both runs saved some and they are not identical."""
+    name = "captures.safetensors"
+    if not (run_dir / name).is_file() or not (out_dir / name).is_file():
+        return None
+    found = max_difference(run_dir / name, out_dir / name)
+    if isinstance(found, str):
+        return found
+    return f"{name}: max |difference| {found[0]:.3g} in {found[1]}" if found[1] else None
+
+
+def environment_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between the original run's environment and this one (``cpu: A -> B``)."""
+    changes = []
+    for key in ENVIRONMENT_KEYS:
+        if key not in old and key in new:
+            changes.append(f"{key}: not recorded by the original run, now {new[key]!r}")
+        elif old.get(key) != new.get(key):
+            changes.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return changes
+
+
+def replay(run_dir: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the saved config of ``run_dir`` into ``out_dir``; the old and the new reports.
 
     The job's own prints (plan table, summary line) go to stderr, so stdout holds the comparison.
     """
@@ -87,7 +160,7 @@ def replay(run_dir: Path, out_dir: Path) -> tuple[dict[str, str], dict[str, Any]
     cfg, old = load_run(run_dir)
     with contextlib.redirect_stdout(sys.stderr):
         report = run_job(cfg, out_dir)
-    return old, report.get("fingerprints", {})
+    return old, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="surgery-replay-"))
     keep = args.out is not None
     try:
-        old, new = replay(run_dir, out_dir)
+        old_report, new_report = replay(run_dir, out_dir)
     except (ReplayError, SurgeryError, OmegaConfBaseException) as e:
         hint = ""
         if isinstance(e, SurgeryError) and "does not exist" in str(e):
@@ -123,9 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not keep and not (out_dir / "report.json").is_file():
             shutil.rmtree(out_dir, ignore_errors=True)
+    old, new = old_report["fingerprints"], new_report.get("fingerprints", {})
     same = compare(old, new)
-    print(table(old, new, same))
     differ = [name for name, ok in same.items() if not ok]
+    print(table(old, new, same, measure(run_dir, out_dir, differ)))
+    changes = environment_changes(old_report.get("environment") or {}, new_report.get("environment") or {})
+    if changes and "environment" in old_report:  # a plan run records none
+        print(f"another environment than the original run's: {'; '.join(changes)}")
+    line = captures_line(run_dir, out_dir) if differ else None
+    if line:
+        print(line)
     if not differ:
         if keep:
             print(f"all {len(same)} fingerprints identical; new run in {out_dir}")
