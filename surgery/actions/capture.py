@@ -10,7 +10,7 @@ from torch import nn
 
 from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, Step, hook_failed
 from surgery.core.ledger import Ledger
-from surgery.core.records import Call, Record, Running, detached
+from surgery.core.records import Call, Record, detached
 from surgery.core.schema import CaptureAction, LogAction
 from surgery.core.select import Target
 
@@ -79,7 +79,7 @@ def tensors_in(value: Any, what: str) -> list[tuple[str, torch.Tensor]]:
 
 def _reducing_hook(record: Record, want_input: bool, want_output: bool, action: str, name: str) -> Callable:
     """A forward hook folding each call into ``record.running`` instead of keeping it."""
-    running = record.running
+    running_for = record.running_for  # thread-safe: each WHAT's statistics are made once and merged under a lock
 
     def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         try:
@@ -87,9 +87,7 @@ def _reducing_hook(record: Record, want_input: bool, want_output: bool, action: 
                 tensors_in(output, "output") if want_output else []
             )
             for key, tensor in found:
-                if key not in running:
-                    running[key] = Running()
-                running[key].add(tensor)
+                running_for(key).add(tensor)
         except Exception as e:
             raise hook_failed(action, name, e) from e
 

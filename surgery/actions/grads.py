@@ -38,8 +38,10 @@ from surgery.errors import ConfigError
 Grads = tuple[torch.Tensor | None, ...]
 
 
-def _detach_all(grads: Grads) -> Grads:
-    return tuple(None if g is None else g.detach() for g in grads)
+def _own_copies(grads: Grads) -> Grads:
+    """Copies a record owns: autograd may hand the same memory on (a leaf's ``.grad`` accumulates into it in place,
+    DDP all-reduces a parameter's into its average), so a bare ``detach()`` would show later values, not these."""
+    return tuple(None if g is None else g.detach().clone() for g in grads)
 
 
 def _each_param(
@@ -75,7 +77,7 @@ class CaptureGrad(Kind):
 
                 def make_hook(key: str, module: nn.Module) -> Callable:
                     calls = ledger.record(action, key).calls
-                    return lambda grad: calls.append(Call(grad=grad.detach()))
+                    return lambda grad: calls.append(Call(grad=grad.detach().clone()))  # own copy: see _own_copies
 
                 _each_param(ledger, action, found, make_hook)
 
@@ -88,7 +90,7 @@ class CaptureGrad(Kind):
                 calls = ledger.record(action, target.name).calls
 
                 def hook(m: nn.Module, grad_input: Grads, grad_output: Grads, calls: list[Call] = calls) -> None:
-                    calls.append(Call(grad_input=_detach_all(grad_input), grad_output=_detach_all(grad_output)))
+                    calls.append(Call(grad_input=_own_copies(grad_input), grad_output=_own_copies(grad_output)))
 
                 ledger.hook(target.module.register_full_backward_hook, hook)
 

@@ -77,24 +77,89 @@ def normals(
     return torch.cat([cos.mul_(radius), sin.mul_(radius)])[:n].view(shape).to(dtype)
 
 
-def noise_stream(key: int, std: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``draw(t)``: normals (mean 0, ``std``) shaped like ``t``, new on every call, starting from ``key``.
+REPLAY_LIMIT = 1024  # calls of one module remembered for recomputation (older ones are forgotten)
+
+
+def _may_be_recomputed() -> bool:
+    """Whether activation checkpointing could rerun this forward call: inside a non-reentrant region (saved-tensor
+    hooks are set) or a reentrant one (its forward runs under no_grad). Plain training forwards are not kept."""
+    if torch.is_inference_mode_enabled():
+        return False
+    return not torch.is_grad_enabled() or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+class _Replay:
+    """The counter values of calls a checkpointed region may recompute, per module, since the last backward.
+
+    ``torch.utils.checkpoint`` (reentrant or not) reruns a region's forward during the backward pass,
+    with torch's RNG state restored but not ours, so a recomputed call must reuse its original counter.
+    A forward hook running inside a backward pass (a graph task is current) is such a recomputation.
+    Regions are recomputed in reverse order of their forward, so the k-th recomputation of a module in
+    one backward takes the k-th last original call of that module: exact whenever each checkpointed
+    region calls a module at most once (a block reused across regions is fine, twice within one is not).
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list[tuple[int, torch.Size]]] = {}  # module -> (counter, shape) of original calls
+        self.task = -1  # the backward whose recomputations ``taken`` counts
+        self.taken: dict[int, int] = {}
+        self.stale = False  # a backward ran since the last original call: its calls are no longer needed
+
+    def original(self, slot: int, counter: int, shape: torch.Size) -> None:
+        """Remember an ordinary call."""
+        if self.stale:
+            self.calls.clear()
+            self.stale = False
+        calls = self.calls.setdefault(slot, [])
+        if len(calls) >= REPLAY_LIMIT:
+            del calls[: REPLAY_LIMIT // 2]  # a no_grad loop never backpropagates: keep the memory bounded
+        calls.append((counter, shape))
+
+    def recomputed(self, slot: int, task: int, shape: torch.Size) -> int:
+        """The counter the original of this recomputed call used."""
+        if task != self.task:
+            self.task, self.taken = task, {}
+        self.stale = True
+        k = self.taken[slot] = self.taken.get(slot, 0) + 1
+        calls = self.calls.get(slot, [])
+        if k > len(calls) or calls[-k][1] != shape:
+            raise RuntimeError(
+                "noise: a forward ran inside the backward pass (activation checkpointing recomputing a region) that"
+                " matches no call of the forward pass, so it cannot get the same noise; checkpoint regions that call"
+                " a noised module at most once each"
+            )
+        return calls[-k][0]
+
+
+def noise_stream(key: int, std: float = 1.0, replay: bool = False) -> Callable[..., torch.Tensor]:
+    """``draw(t, slot)``: normals (mean 0, ``std``) shaped like ``t``, new on every call, starting from ``key``.
 
     The call counter is a tensor so compiled code does not recompile as it grows; eager
     code derives the per-call key in Python (fewer small tensor ops), compiled code with
-    the same arithmetic on the counter tensor, so both give the same bits.
+    the same arithmetic on the counter tensor, so both give the same bits. With ``replay``
+    (forward hooks), a call recomputed by activation checkpointing during the backward pass
+    gets the noise of its original call (``slot`` says which module is calling; see ``_Replay``).
     """
     key = _signed(key)
     with torch.inference_mode(False):  # a stream built under inference_mode must still count outside it
         calls = torch.zeros((), dtype=torch.int64)
+    memory = _Replay() if replay else None
 
-    def draw(t: torch.Tensor) -> torch.Tensor:
+    def draw(t: torch.Tensor, slot: int = 0) -> torch.Tensor:
         call_key: int | torch.Tensor
         if torch.compiler.is_compiling():
             call_key = mix_(calls * GAMMA + key).to(t.device)
+            calls.add_(1)
+            return normals(t.shape, t.dtype, t.device, call_key, std)
+        task = torch._C._current_graph_task_id() if memory is not None else -1
+        if memory is not None and task != -1:
+            counter = memory.recomputed(slot, task, t.shape)
         else:
-            call_key = mix_int(int(calls) * _GAMMA + key)
-        calls.add_(1)
+            counter = int(calls)
+            calls.add_(1)
+            if memory is not None and _may_be_recomputed():
+                memory.original(slot, counter, t.shape)
+        call_key = mix_int(counter * _GAMMA + key)
         return normals(t.shape, t.dtype, t.device, call_key, std)
 
     return draw

@@ -77,7 +77,7 @@ def _elementwise(
     if op == "noise":
         std = float(cfg.std)  # type: ignore[arg-type]
         key = seed_for(seed, action)  # hashed once here: Dynamo cannot trace sha256 inside a hook
-        return lambda: _noise(std, key)
+        return lambda: _noise(std, key, replay=var != "grad")  # forward hooks may be recomputed by checkpointing
     if op == "expr":
         expr = compile_expr(str(cfg.expr), f"{where}.expr", names=(var, "module"))
         op_fn = expr.bind(var, "module")
@@ -94,22 +94,23 @@ def _elementwise(
 
 def _mean_ablate(dims: tuple[int, ...]) -> Op:
     def ablate(t: torch.Tensor, m: Any) -> torch.Tensor:
-        try:
-            return t.mean(dim=dims, keepdim=True).expand_as(t)
+        try:  # owned memory laid out like t: an expand_as view breaks a following in-place op (ReLU(inplace=True))
+            return torch.empty_like(t).copy_(t.mean(dim=dims, keepdim=True))
         except IndexError as e:
             raise KeyedError("dim", f"{e} (the tensor is {list(t.shape)})") from e
 
     return ablate
 
 
-def _noise(std: float, key: int) -> Op:
-    """Gaussian noise from the action's own counter-based stream: new each call, the same each run."""
-    draw = noise_stream(key, std)
+def _noise(std: float, key: int, replay: bool) -> Op:
+    """Gaussian noise from the action's own counter-based stream: new each call, the same each run, and the same
+    again when activation checkpointing recomputes the call (``replay``)."""
+    draw = noise_stream(key, std, replay)
 
     def add_noise(t: torch.Tensor, m: Any) -> torch.Tensor:
         if not t.is_floating_point():
             raise KeyedError("op", f"noise needs a floating-point tensor, this one is {t.dtype}")
-        return t + draw(t)
+        return t + draw(t, id(m))
 
     return add_noise
 
@@ -140,7 +141,7 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
 
 
 def _patch(source: torch.Tensor, where: str, key: str) -> Op:
-    """Replace the tensor by the captured one, moved to its device and dtype once."""
+    """Replace the tensor by a fresh copy of the captured one (moved to its device and dtype once)."""
     ready: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def patch(t: torch.Tensor, m: Any) -> torch.Tensor:
@@ -149,7 +150,9 @@ def _patch(source: torch.Tensor, where: str, key: str) -> Op:
         value = ready.get((t.device, t.dtype))
         if value is None:
             value = ready[(t.device, t.dtype)] = source.to(device=t.device, dtype=t.dtype)
-        return value
+        # A copy per call (one tensor's worth of memory traffic, small next to the forward): the model may write
+        # into what it is handed (`out += identity`), which must never change the source the next call reads.
+        return value.clone()
 
     return patch
 

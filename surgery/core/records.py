@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +26,12 @@ class Call:
 class Running:
     """Elementwise mean/std/min/max over calls and the batch dim, without keeping the tensors.
 
-    Batches are merged with Chan et al.'s pairwise update, in float64.
+    Batches are merged with Chan et al.'s pairwise update, in float64. Safe when the model runs in
+    several threads: each call's statistics are computed outside the lock, only the merge holds it.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.count = 0
         self.mean: torch.Tensor | None = None
         self.m2: torch.Tensor | None = None
@@ -41,6 +44,10 @@ class Running:
         x = x.unsqueeze(0) if x.dim() == 0 else x
         n, mean = x.shape[0], x.mean(0)
         m2, low, high = ((x - mean) ** 2).sum(0), x.amin(0), x.amax(0)
+        with self._lock:  # read-modify-write of five fields: two threads merging at once would lose one's update
+            self._merge(n, mean, m2, low, high)
+
+    def _merge(self, n: int, mean: torch.Tensor, m2: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
         if self.mean is None:
             self.count, self.mean, self.m2, self.min, self.max = n, mean, m2, low, high
             return
@@ -57,19 +64,21 @@ class Running:
 
     def summary(self, stats: bool) -> dict[str, torch.Tensor]:
         """``mean`` (and with ``stats`` also ``std``, ``min``, ``max``) as float32 tensors."""
-        assert self.mean is not None and self.m2 is not None
-        out = {"mean": self.mean.float()}
-        if stats:
-            std = (self.m2 / max(self.count - 1, 1)).sqrt()
-            out.update(std=std.float(), min=self.min.float(), max=self.max.float())  # type: ignore[union-attr]
-        return out
+        with self._lock:  # one consistent state, even while other threads still add
+            assert self.mean is not None and self.m2 is not None
+            out = {"mean": self.mean.float()}
+            if stats:
+                std = (self.m2 / max(self.count - 1, 1)).sqrt()
+                out.update(std=std.float(), min=self.min.float(), max=self.max.float())  # type: ignore[union-attr]
+            return out
 
 
 class Record:
     """Every call recorded for one module (or parameter) by one action; attributes read the last.
 
     With ``reduce`` the calls are not kept: ``running[WHAT]`` holds statistics instead and
-    ``reduced`` gives them as tensors.
+    ``reduced`` gives them as tensors. Hooks only append to lists (atomic) or go through a lock,
+    so a model running in several threads loses no call.
     """
 
     def __init__(self, key: str, reduce: str = "none") -> None:
@@ -78,13 +87,25 @@ class Record:
         self.outputs: list[Any] = []  # appended by the output-only capture hook; made Calls when read
         self._calls: list[Call] = []
         self.running: dict[str, Running] = {}
+        self._lock = threading.Lock()
+
+    def running_for(self, what: str) -> Running:
+        """The running statistics of ``what``, made once even when several threads ask at the same time."""
+        running = self.running.get(what)
+        if running is None:
+            with self._lock:
+                running = self.running.setdefault(what, Running())
+        return running
 
     @property
     def calls(self) -> list[Call]:
         """Every call recorded, oldest first (a hook may append to this list)."""
-        if self.outputs:  # one Call per output only when someone looks: the hook stays a bare append
-            self._calls.extend([Call(output=output) for output in self.outputs])
-            self.outputs.clear()
+        outputs = self.outputs
+        if outputs:  # one Call per output only when someone looks: the hook stays a bare append
+            with self._lock:  # two readers at once would each move the same outputs
+                taken = len(outputs)  # outputs appended meanwhile by another thread's hook stay for the next look
+                self._calls.extend([Call(output=output) for output in outputs[:taken]])
+                del outputs[:taken]
         return self._calls
 
     @property
@@ -92,7 +113,7 @@ class Record:
         """``{WHAT: {"mean": ..., ["std", "min", "max"]}}`` for ``reduce: mean|stats``, plus ``count``."""
         return {
             what: {**r.summary(self.reduce == "stats"), "count": torch.tensor(r.count)}
-            for what, r in self.running.items()
+            for what, r in list(self.running.items())
         }
 
     def _last(self) -> Call:
