@@ -227,6 +227,8 @@ class ModifyInput(Kind):
         item = cfg.item
         if not isinstance(item, (int, str)) or isinstance(item, bool):
             raise ConfigError(f"{ctx.where}.item: an input is picked by position or argument name, got {item!r}")
+        if isinstance(item, int) and item < 0:
+            raise ConfigError(f"{ctx.where}.item: {item}: {_positions_text(targets[0]) if targets else ''}")
         build = make_op(cfg, ctx.where, ctx.seed, ctx.name, "x", ctx.safe)
         positions: dict[int, int | None] = {}
         if isinstance(item, str):
@@ -244,6 +246,21 @@ class ModifyInput(Kind):
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)
 
 
+def _positions_text(target: Target) -> str:
+    """Why a negative input position is refused, with how many positional inputs the module's forward takes."""
+    head = "an input is picked by its position from 0, or by argument name"
+    try:
+        params = list(inspect.signature(target.module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return head
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    more = " (and any number more)" if any(p.kind == p.VAR_POSITIONAL for p in params) else ""
+    return (
+        f"{head}; {type(target.module).__name__}.forward of {target.name!r} takes {len(names)} positional"
+        f" input(s){more}: {', '.join(names) or 'none'}"
+    )
+
+
 def _input_hook(op: Callable, action: str, name: str, item: int | str, position: int | None) -> Callable:
     """A with_kwargs pre-hook changing positional ``item``, or keyword ``item`` wherever it was passed."""
 
@@ -252,7 +269,7 @@ def _input_hook(op: Callable, action: str, name: str, item: int | str, position:
             if isinstance(item, str) and item in kwargs:
                 return args, {**kwargs, item: op(kwargs[item], m)}
             at = item if isinstance(item, int) else position
-            if at is None or at >= len(args):
+            if at is None or not 0 <= at < len(args):
                 got = f"{len(args)} positional input(s) and keywords {sorted(kwargs)}"
                 raise KeyedError("item", f"input {item!r} was not passed; the module got {got}")
             return replace_item(args, at, op(args[at], m)), kwargs

@@ -56,17 +56,19 @@ def fill_(tensor: torch.Tensor, spec: InitSpec, gen: torch.Generator) -> None:
     elif m == "ones":
         init.ones_(tensor)
     elif m == "normal":
-        init.normal_(tensor, spec.mean, spec.std, generator=gen)
+        init.normal_(tensor, _or(spec.mean, 0.0), _or(spec.std, 1.0), generator=gen)
     elif m == "uniform":
         init.uniform_(tensor, _or(spec.a, 0.0), _or(spec.b, 1.0), generator=gen)
     elif m == "trunc_normal":
-        init.trunc_normal_(tensor, spec.mean, spec.std, _or(spec.a, -2.0), _or(spec.b, 2.0), generator=gen)
+        mean, std = _or(spec.mean, 0.0), _or(spec.std, 1.0)
+        init.trunc_normal_(tensor, mean, std, _or(spec.a, -2.0), _or(spec.b, 2.0), generator=gen)
     elif m in ("xavier_uniform", "xavier_normal"):
-        getattr(init, m + "_")(tensor, spec.gain, generator=gen)
+        getattr(init, m + "_")(tensor, _or(spec.gain, 1.0), generator=gen)
     elif m in ("kaiming_uniform", "kaiming_normal"):
-        getattr(init, m + "_")(tensor, _or(spec.a, 0.0), spec.mode, spec.nonlinearity, generator=gen)
+        mode, nonlinearity = spec.mode or "fan_in", spec.nonlinearity or "leaky_relu"
+        getattr(init, m + "_")(tensor, _or(spec.a, 0.0), mode, nonlinearity, generator=gen)
     elif m == "orthogonal":
-        init.orthogonal_(tensor, spec.gain, generator=gen)
+        init.orthogonal_(tensor, _or(spec.gain, 1.0), generator=gen)
     elif m == "eye":
         init.eye_(tensor)
     elif m == "dirac":

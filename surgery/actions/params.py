@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 import torch
@@ -38,6 +40,37 @@ def _home(module: nn.Module, root: nn.Module) -> tuple[torch.dtype, torch.device
     return torch.get_default_dtype(), torch.device("cpu")
 
 
+def _memory_of(device: torch.device) -> int | None:
+    """Total memory of ``device`` in bytes (None when it cannot be told)."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device).total_memory)
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError, AssertionError):
+        pass
+    return None
+
+
+def _check_size(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, ctx: BindContext) -> None:
+    """Refuse now a tensor larger than its device's memory: the allocator would fail at apply, naming no key."""
+    limit = _memory_of(device)
+    size = math.prod(shape) * dtype.itemsize
+    if limit is not None and size > limit:
+        raise ConfigError(
+            f"{ctx.where}.shape: {list(shape)} is {math.prod(shape):,} elements of {str(dtype).removeprefix('torch.')}"
+            f" ({_bytes(size)}), more than all the memory of {device.type} ({_bytes(limit)}); check the sizes"
+        )
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 class AddTensor(Kind):
     """Register a new tensor ``name`` on every selected module; removed again on undo."""
 
@@ -61,6 +94,7 @@ class AddTensor(Kind):
                 shape, dtype = like.shape, like.dtype
             else:
                 shape = tuple(cfg.shape)
+                _check_size(shape, dtype, device, ctx)
             check_fits(cfg.init, shape, dtype, f"{ctx.where}.init.method ({full_name(target, cfg.name)})")
             plans[id(module)] = (target, shape, dtype, device)
             ctx.added.setdefault(id(module), {})[cfg.name] = TensorSpec(shape, dtype, self.tensor_kind)

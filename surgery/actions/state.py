@@ -30,7 +30,7 @@ def _renamer(rename: dict[str, str], where: str) -> Callable[[str], str]:
 
 
 def _added_names(ctx: BindContext) -> set[str]:
-    """state_dict names (relative to the root) of tensors this plan adds before this action."""
+    """state_dict names (relative to the root) of tensors this plan adds (all of them, once the plan is compiled)."""
     names: set[str] = set()
     for real_name, module in ctx.root.named_modules():
         for tensor_name in ctx.added.get(id(module), {}):
@@ -41,24 +41,29 @@ def _added_names(ctx: BindContext) -> set[str]:
 @KINDS.register("on_load")
 class OnLoad(Kind):
     """Rewrite checkpoint keys by ``rename`` as ``load_state_dict`` reads them (pre-hook), and
-    drop tensors added by this plan from the missing keys (post-hook), so a checkpoint of
-    the original model loads strictly into the surgered one."""
+    drop tensors added by this plan (before or after this action) from the missing keys
+    (post-hook), so a checkpoint of the original model loads strictly into the surgered one."""
 
     name = "on_load"
     schema = OnLoadAction
     mechanism = STATE_DICT_HOOK
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
-        """Check every rename rule now; collect the names of tensors added earlier in the plan."""
+        """Check every rename rule now; the tensors the plan adds are collected when it is applied."""
         rename = _renamer(cfg.rename, ctx.where)
-        added = _added_names(ctx) if cfg.ignore_added else set()
-        if not cfg.rename and not added:
-            raise ConfigError(
-                f"{ctx.where}.rename: nothing to do: give rename rules, or put on_load after actions that add tensors"
-            )
-        action, root = ctx.name, ctx.root
+        if not cfg.rename and not cfg.ignore_added:
+            raise ConfigError(f"{ctx.where}.rename: nothing to do: give rename rules, or leave ignore_added true")
+        action, root, where = ctx.name, ctx.root, ctx.where
 
         def apply(ledger: Ledger) -> None:
+            # Applying follows compiling the whole plan, so ctx.added now holds what every action adds, those listed
+            # after this one included: added tensors are forgiven whatever the order of the actions.
+            added = _added_names(ctx) if cfg.ignore_added else set()
+            if not cfg.rename and not added:
+                raise ConfigError(
+                    f"{where}.rename: nothing to do: give rename rules, or add tensors (add_parameter, add_buffer)"
+                    " in the same plan"
+                )
             if cfg.rename:
                 for target in ledger.each(action, targets, lambda t: t.name):
                     hook = _pre_hook(rename, action, target.name)

@@ -98,6 +98,12 @@ INIT_METHODS = (
     "constant", "zeros", "ones", "normal", "uniform", "xavier_uniform", "xavier_normal",
     "kaiming_uniform", "kaiming_normal", "orthogonal", "trunc_normal", "eye", "dirac",
 )  # fmt: skip
+KAIMING, NORMALS = ("kaiming_uniform", "kaiming_normal"), ("normal", "trunc_normal")
+INIT_KEYS = {  # the methods that use each optional key of InitSpec
+    "value": ("constant",), "mean": NORMALS, "std": NORMALS, "a": ("uniform", "trunc_normal", *KAIMING),
+    "b": ("uniform", "trunc_normal"), "gain": ("xavier_uniform", "xavier_normal", "orthogonal"),
+    "mode": KAIMING, "nonlinearity": KAIMING,
+}  # fmt: skip
 
 
 @dataclass
@@ -106,23 +112,29 @@ class InitSpec:
 
     method: str = MISSING  # how to fill: see the methods listed below
     value: float | None = None  # constant
-    mean: float = 0.0  # normal, trunc_normal
-    std: float = 1.0  # normal, trunc_normal
+    mean: float | None = None  # normal, trunc_normal (default 0)
+    std: float | None = None  # normal, trunc_normal (default 1)
     a: float | None = None  # uniform low (0), trunc_normal low (-2), kaiming negative slope (0)
     b: float | None = None  # uniform high (1), trunc_normal high (2)
-    gain: float = 1.0  # xavier, orthogonal
-    mode: str = "fan_in"  # kaiming: fan_in | fan_out
-    nonlinearity: str = "leaky_relu"  # kaiming
+    gain: float | None = None  # xavier, orthogonal (default 1)
+    mode: str | None = None  # kaiming: fan_in (default) | fan_out
+    nonlinearity: str | None = None  # kaiming (default leaky_relu)
 
     def check_init(self, prefix: str = "") -> None:
-        """Check the method is known and has what it needs; keys are reported under ``prefix``."""
+        """Check the method is known, has what it needs and is given no key it would ignore; keys under ``prefix``."""
         one_of(prefix + "method", self.method, INIT_METHODS)
+        for key, methods in INIT_KEYS.items():  # a key the method ignores is a silent mistake (ones with value: 3)
+            if getattr(self, key) is not None and self.method not in methods:
+                raise FieldError(
+                    prefix + key, f"method {self.method!r} does not use {key}; {key} is taken by {', '.join(methods)}"
+                )
         if self.method == "constant" and self.value is None:
             raise FieldError(prefix + "value", "method 'constant' needs a value, e.g. value: 1.0")
-        one_of(prefix + "mode", self.mode, ("fan_in", "fan_out"))
-        one_of(prefix + "nonlinearity", self.nonlinearity, NONLINEARITIES)
+        for key, choices in (("mode", ("fan_in", "fan_out")), ("nonlinearity", NONLINEARITIES)):
+            if getattr(self, key) is not None:
+                one_of(prefix + key, getattr(self, key), choices)
         for key in ("std", "gain"):
-            if getattr(self, key) < 0:
+            if (getattr(self, key) or 0) < 0:
                 raise FieldError(prefix + key, f"must be >= 0, got {getattr(self, key)}")
         low, high = self.a, self.b
         if self.method in ("uniform", "trunc_normal") and low is not None and high is not None and low > high:
@@ -254,6 +266,10 @@ class OpArgs:
             source = self.from_
             if not (isinstance(source, dict) and set(source) == {"file", "key"}):
                 raise FieldError("from", f"needs {{file: PATH, key: ACTION/MODULE/WHAT}}, got {source!r}")
+        elif self.from_ is not None:  # it would be ignored: the op would run on the model's own tensor
+            raise FieldError("from", f"only op 'patch' takes from (a captured tensor), not op {self.op!r}")
+        if self.op == "noise" and (self.std or 0) < 0:
+            raise FieldError("std", f"must be >= 0 (the noise's standard deviation), got {self.std}")
         if self.op == "clamp" and self.min is None and self.max is None:
             raise FieldError("min", "op 'clamp' needs min, max or both")
         if self.op == "clamp" and self.min is not None and self.max is not None and self.min > self.max:

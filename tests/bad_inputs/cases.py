@@ -6,8 +6,9 @@ contain and the key it must start with (``where``). ``files`` names a writer in
 ``files.WRITERS`` that puts the files the row reads into the working directory first; paths in
 rows are relative to it, so messages are the same in every run (and in docs/errors.md).
 
-``at`` says when the mistake is caught: ``plan`` (before the model is touched; the default) or
-``forward`` (a hook fails while the model runs; the surgery is still removed cleanly).
+``at`` says when the mistake is caught: ``plan`` (before the model is touched; the default),
+``apply`` (only the whole plan shows it; applying is undone) or ``forward`` (a hook fails while
+the model runs; the surgery is still removed cleanly).
 ``hydra`` rows are Hydra composition errors: they have no in-process form (compose raises
 Hydra's own exception), only the CLI's exit 2. ``xfail`` marks a finding: the row says what
 *should* happen and the reason says what happens now.
@@ -36,7 +37,7 @@ class Case:
     overrides: tuple[str, ...] = CNN  # CLI overrides; with `action`, the action is added to them
     files: str | None = None  # a writer in files.WRITERS, run in the working directory first
     error: type = ConfigError
-    at: str = "plan"  # plan | forward
+    at: str = "plan"  # plan | apply | forward
     hydra: bool = False  # a Hydra composition error: CLI only
     xfail: str | None = None  # a finding: what happens now
 
@@ -123,6 +124,8 @@ CASES: list[Case] = [
     act("missing_with", "with", "a value is required", {"kind": "replace_module", "type": "ReLU"}),
     act("missing_value_add", "value", "op 'add' needs value",
         {"kind": "modify_output", "select": "block1", "op": "add"}),
+    act("noise_negative_std", "std", ("must be >= 0", "-0.5"),
+        {"kind": "modify_output", "select": "block1", "op": "noise", "std": -0.5}),
     act("missing_std_noise", "std", "op 'noise' needs std",
         {"kind": "modify_input", "select": "block1", "op": "noise"}),
     act("missing_max_norm", "max_norm", "op 'clip_norm' needs max_norm",
@@ -190,6 +193,8 @@ CASES: list[Case] = [
     act("item_not_an_input", "item", ("has no input 'hidden'", "its inputs: input"),
         {"kind": "modify_input", "select": "classifier.1", "op": "zero", "item": "hidden"}),
     # ------------------------------------------------------------ shape that does not fit
+    act("shape_too_large", "shape", ("[1000000, 1000000, 1000000]", "elements of float32", "more than all the memory"),
+        {"kind": "add_parameter", "select": "block1.conv", "name": "g", "shape": [10**6, 10**6, 10**6]}),
     act("shape_negative", "shape", ("sizes must be >= 0",),
         {"kind": "add_parameter", "select": "block1.conv", "name": "g", "shape": [-1]}),
     act("index_too_many_dims", "index", ("too many indices",),
@@ -220,6 +225,13 @@ CASES: list[Case] = [
         {"kind": "init", "select": "classifier.1", "param": "weight", "method": "normal", "std": -1.0}),
     act("init_uniform_reversed", "a", ("a <= b", "2.0", "1.0"),
         {"kind": "init", "select": "classifier.1", "param": "weight", "method": "uniform", "a": 2.0, "b": 1.0}),
+    act("init_unused_value", "value", ("method 'ones' does not use value", "taken by constant"),
+        {"kind": "init", "select": "classifier.1", "param": "weight", "method": "ones", "value": 3}),
+    act("init_unused_mean", "init.mean", ("method 'zeros' does not use mean", "taken by normal, trunc_normal"),
+        {"kind": "add_parameter", "select": "block1.conv", "name": "g", "shape": [2],
+         "init": {"method": "zeros", "mean": 1.0}}),
+    act("init_unused_gain", "gain", ("method 'kaiming_normal' does not use gain", "xavier_uniform"),
+        {"kind": "init", "select": "classifier.1", "param": "weight", "method": "kaiming_normal", "gain": 2.0}),
     act("init_negative_gain", "gain", ("-1.0",),
         {"kind": "init", "select": "classifier.1", "param": "weight", "method": "xavier_uniform", "gain": -1.0}),
     # ------------------------------------------------------------ bad or escaping expressions
@@ -262,6 +274,8 @@ CASES: list[Case] = [
         {"kind": "modify_grad", "select": "block1", "op": "clip_norm", "max_norm": -1.0}),
     act("clamp_reversed", "min", ("2.0", "1.0"),
         {"kind": "modify_output", "select": "block1", "op": "clamp", "min": 2.0, "max": 1.0}),
+    act("item_negative_input", "item", ("-5", "position from 0", "takes 1 positional input(s): input"),
+        {"kind": "modify_input", "select": "block1", "op": "zero", "item": -5}),
     act("item_not_passed", "item", ("input 3 was not passed",),
         {"kind": "modify_input", "select": "block1", "op": "zero", "item": 3}, error=ActionError, at="forward"),
     act("dim_out_of_range", "dim", ("Dimension out of range",),
@@ -269,6 +283,9 @@ CASES: list[Case] = [
         at="forward"),
     act("expr_not_a_tensor", "expr", ("'1'", "int", "tensor"),
         {"kind": "replace_forward", "select": "block1.act", "expr": "1"}, error=ActionError, at="forward"),
+    act("from_without_patch", "from", ("only op 'patch' takes from", "'add'"),
+        {"kind": "modify_output", "select": "block3", "op": "add", "value": 1,
+         "from": {"file": "captures.safetensors", "key": "capture_block3/block3/output"}}),
     act("patch_from_string", "from", ("needs {file: PATH, key: ACTION/MODULE/WHAT}",),
         {"kind": "modify_output", "select": "block3", "op": "patch", "from": "captures.safetensors"}),
     act("forward_fn_typo", "fn", ("'identiy' is not one of", "Did you mean 'identity'?"),
@@ -292,7 +309,9 @@ CASES: list[Case] = [
         {"kind": "replace_module", "select": "block1.**", "with": {"_target_": "torch.nn.Identity"}}),
     act("rename_wildcards_differ", "rename", ("same wildcards in the same order",),
         {"kind": "on_load", "rename": {"blocks.*.attn": "layers.attn"}}),
-    act("on_load_nothing_to_do", "rename", ("nothing to do",), {"kind": "on_load"}),
+    act("on_load_nothing_to_do", "rename", ("nothing to do",), {"kind": "on_load"}, at="apply"),
+    act("on_load_nothing_to_do_ignore_added_false", "rename", ("nothing to do", "ignore_added"),
+        {"kind": "on_load", "ignore_added": False}),
     run("safe_refuses_import_path", "actions.a.fn", ("refused because safe=true",), *CNN, "safe=true",
         "+actions.a={kind:modify_output,select:block1,op:fn,fn:'torch:load'}"),
     run("safe_refuses_torch_load", "actions.a.with._target_",
