@@ -84,6 +84,7 @@ class Step:
     enabled: bool = True
     shape_checks: list[tuple[Target, ShapeCheck]] = field(default_factory=list)
     replaced: list[Target] = field(default_factory=list)  # modules a replace_module step puts in
+    after_plan: Callable[[], None] | None = None  # a check that needs every action bound (compile_plan calls it)
 
 
 class Kind:

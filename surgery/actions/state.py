@@ -55,15 +55,17 @@ class OnLoad(Kind):
             raise ConfigError(f"{ctx.where}.rename: nothing to do: give rename rules, or leave ignore_added true")
         action, root, where = ctx.name, ctx.root, ctx.where
 
-        def apply(ledger: Ledger) -> None:
-            # Applying follows compiling the whole plan, so ctx.added now holds what every action adds, those listed
-            # after this one included: added tensors are forgiven whatever the order of the actions.
-            added = _added_names(ctx) if cfg.ignore_added else set()
-            if not cfg.rename and not added:
+        def check_plan() -> None:
+            # Every action is bound now, so ctx.added holds what all of them add, those listed after this one too.
+            if not cfg.rename and not _added_names(ctx):
                 raise ConfigError(
                     f"{where}.rename: nothing to do: give rename rules, or add tensors (add_parameter, add_buffer)"
                     " in the same plan"
                 )
+
+        def apply(ledger: Ledger) -> None:
+            # added tensors are forgiven whatever the order of the actions (ctx.added is complete once compiled)
+            added = _added_names(ctx) if cfg.ignore_added else set()
             if cfg.rename:
                 for target in ledger.each(action, targets, lambda t: t.name):
                     hook = _pre_hook(rename, action, target.name)
@@ -72,7 +74,7 @@ class OnLoad(Kind):
                 ledger.where = ROOT
                 ledger.hook(root.register_load_state_dict_post_hook, _post_hook(added))
 
-        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, after_plan=check_plan)
 
 
 def _pre_hook(rename: Callable[[str], str], action: str, name: str) -> Callable[..., None]:

@@ -154,6 +154,9 @@ def compile_plan(
         if step.replaced:
             index = ModuleIndex.from_targets(_with_replacements(index.targets(), step.replaced))
     plan.index = index
+    for step in plan.steps:
+        if step.enabled and step.after_plan is not None:
+            step.after_plan()
     if example_inputs is not None:
         from surgery.core.probe import check_before_apply
 

@@ -6,9 +6,8 @@ contain and the key it must start with (``where``). ``files`` names a writer in
 ``files.WRITERS`` that puts the files the row reads into the working directory first; paths in
 rows are relative to it, so messages are the same in every run (and in docs/errors.md).
 
-``at`` says when the mistake is caught: ``plan`` (before the model is touched; the default),
-``apply`` (only the whole plan shows it; applying is undone) or ``forward`` (a hook fails while
-the model runs; the surgery is still removed cleanly).
+``at`` says when the mistake is caught: ``plan`` (before the model is touched; the default) or
+``forward`` (a hook fails while the model runs; the surgery is still removed cleanly).
 ``hydra`` rows are Hydra composition errors: they have no in-process form (compose raises
 Hydra's own exception), only the CLI's exit 2. ``xfail`` marks a finding: the row says what
 *should* happen and the reason says what happens now.
@@ -37,7 +36,7 @@ class Case:
     overrides: tuple[str, ...] = CNN  # CLI overrides; with `action`, the action is added to them
     files: str | None = None  # a writer in files.WRITERS, run in the working directory first
     error: type = ConfigError
-    at: str = "plan"  # plan | apply | forward
+    at: str = "plan"  # plan | forward
     hydra: bool = False  # a Hydra composition error: CLI only
     xfail: str | None = None  # a finding: what happens now
 
@@ -309,7 +308,7 @@ CASES: list[Case] = [
         {"kind": "replace_module", "select": "block1.**", "with": {"_target_": "torch.nn.Identity"}}),
     act("rename_wildcards_differ", "rename", ("same wildcards in the same order",),
         {"kind": "on_load", "rename": {"blocks.*.attn": "layers.attn"}}),
-    act("on_load_nothing_to_do", "rename", ("nothing to do",), {"kind": "on_load"}, at="apply"),
+    act("on_load_nothing_to_do", "rename", ("nothing to do",), {"kind": "on_load"}),
     act("on_load_nothing_to_do_ignore_added_false", "rename", ("nothing to do", "ignore_added"),
         {"kind": "on_load", "ignore_added": False}),
     run("safe_refuses_import_path", "actions.a.fn", ("refused because safe=true",), *CNN, "safe=true",
