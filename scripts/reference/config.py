@@ -16,15 +16,6 @@ from surgery.core.paths import config_dir, group_options
 
 GROUPS = ("model", "actions", "input", "experiment")
 RUN_CHOICES = {"mode": schema.MODES, "loss": schema.LOSSES, "dtype": schema.DTYPES}
-KIND_CHOICES = {  # kind -> (its key, the schema tuple of values that key accepts)
-    "init": ("method", schema.INIT_METHODS),
-    "add_parameter": ("init.method", schema.INIT_METHODS),
-    "add_buffer": ("init.method", schema.INIT_METHODS),
-    "modify_output": ("op", schema.TENSOR_OPS),
-    "modify_input": ("op", schema.TENSOR_OPS),
-    "modify_grad": ("op", schema.GRAD_OPS),
-    "replace_forward": ("fn", schema.FORWARD_FNS),
-}
 # A field line of a dataclass body, `    name: type = default  # comment`; methods are indented deeper.
 FIELD_COMMENT = re.compile(r"^    (\w+):[^#\n]*#\s*(.*)$", re.MULTILINE)
 
@@ -133,9 +124,6 @@ def common_keys() -> list[str]:
 
 def kinds() -> list[str]:
     """A summary of the action kinds, then one section per kind with its own keys."""
-    unknown = set(KIND_CHOICES) - set(KINDS.names())
-    if unknown:
-        raise ValueError(f"KIND_CHOICES names kinds that are not registered: {', '.join(sorted(unknown))}")
     common = frozenset(f.name for f in dataclasses.fields(schema.Action))
     summary = [[f"[`{name}`](#{name})", KINDS.get(name).mechanism] for name in KINDS.names()]
     lines = ["## Action kinds", "", *table(["kind", "PyTorch mechanism"], summary), ""]
@@ -147,10 +135,10 @@ def kinds() -> list[str]:
         lines += [f"### `{name}`", "", first_paragraph(kind.__doc__), ""]
         lines += [f"Mechanism: {kind.mechanism}. Schema: `surgery.core.schema.{kind.schema.__name__}`.", ""]
         lines += [*table(["key", "type", "default", "meaning"], rows), ""] if rows else ["No keys of its own.", ""]
-        if name in KIND_CHOICES:
-            key, values = KIND_CHOICES[name]
+        if kind.choices is not None:  # the kind's own trait: its key with a closed set of values
+            key, values = kind.choices
             if f"`{key}`" not in [row[0] for row in rows]:
-                raise ValueError(f"KIND_CHOICES: kind {name!r} has no key {key!r}")
+                raise ValueError(f"kind {name!r}: choices names key {key!r}, which its schema does not have")
             lines += [choices(key, values), ""]
     return lines
 

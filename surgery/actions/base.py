@@ -85,14 +85,28 @@ class Step:
     shape_checks: list[tuple[Target, ShapeCheck]] = field(default_factory=list)
     replaced: list[Target] = field(default_factory=list)  # modules a replace_module step puts in
     after_plan: Callable[[], None] | None = None  # a check that needs every action bound (compile_plan calls it)
+    streams: bool = False  # its records go to disk batch by batch (capture with to: disk)
+
+    @property
+    def traits(self) -> type[Kind]:
+        """The kind's class, which carries its traits (``observes``, ``sized``, ...)."""
+        return KINDS.get(self.kind)
 
 
 class Kind:
-    """An action kind: a schema, the PyTorch mechanism it compiles to, and ``bind``."""
+    """An action kind: a schema, the PyTorch mechanism it compiles to, its traits, and ``bind``.
+
+    Traits live here, not in lists elsewhere: ``observes`` (records or prints, changes nothing the
+    model computes), ``choices`` (the key whose values the reference lists, and those values),
+    ``sized`` (its records count against ``max_bytes`` in the probe forward).
+    """
 
     name: ClassVar[str]
     schema: ClassVar[type]
     mechanism: ClassVar[str]
+    observes: ClassVar[bool] = False
+    choices: ClassVar[tuple[str, tuple[str, ...]] | None] = None
+    sized: ClassVar[bool] = False
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check ``cfg`` against the matched modules and return the step that applies it."""

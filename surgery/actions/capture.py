@@ -15,7 +15,7 @@ from surgery.core.schema import CaptureAction, LogAction
 from surgery.core.select import Target
 
 
-@KINDS.register("capture")
+@KINDS.register()
 class Capture(Kind):
     """Record ``what`` (input, output) of every call into ``captures[ACTION][MODULE]``.
 
@@ -23,6 +23,8 @@ class Capture(Kind):
     """
 
     name = "capture"
+    observes = True
+    sized = True
     schema = CaptureAction
     mechanism = FORWARD_HOOK
 
@@ -66,7 +68,7 @@ class Capture(Kind):
 
                 ledger.hook(target.module.register_forward_hook, hook, with_kwargs=True)
 
-        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, streams=cfg.to == "disk")
 
 
 def tensors_in(value: Any, what: str) -> list[tuple[str, torch.Tensor]]:
@@ -110,11 +112,12 @@ def describe(value: Any, stats: bool) -> str:
     return type(value).__name__
 
 
-@KINDS.register("log")
+@KINDS.register()
 class Log(Kind):
     """Print module name, input and output shapes (and stats) on every call."""
 
     name = "log"
+    observes = True
     schema = LogAction
     mechanism = FORWARD_HOOK
 

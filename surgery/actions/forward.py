@@ -27,7 +27,7 @@ from surgery.actions.base import (
 from surgery.actions.ops import make_op, patch_shape
 from surgery.core.callables import resolve_callable
 from surgery.core.ledger import Ledger
-from surgery.core.schema import ModifyAction, ReplaceForwardAction
+from surgery.core.schema import FORWARD_FNS, TENSOR_OPS, ModifyAction, ReplaceForwardAction
 from surgery.core.select import Target
 from surgery.core.structure import get_item, replace_item
 from surgery.errors import ConfigError
@@ -85,7 +85,7 @@ def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> list[tuple[T
     return computes
 
 
-@KINDS.register("replace_forward")
+@KINDS.register()
 class ReplaceForward(Kind):
     """The module's output becomes ``fn`` (identity, zero, linear, a callable) or ``expr`` of its inputs.
 
@@ -95,6 +95,7 @@ class ReplaceForward(Kind):
     """
 
     name = "replace_forward"
+    choices = ("fn", FORWARD_FNS)
     schema = ReplaceForwardAction
     mechanism = FORWARD_HOOK
 
@@ -161,11 +162,12 @@ def _shape_checks(cfg: Any, targets: list[Target], where: str, what: str) -> lis
     return [(t, check) for t in targets]
 
 
-@KINDS.register("modify_output")
+@KINDS.register()
 class ModifyOutput(Kind):
     """An op on the output (or one ``item`` of it, or an ``index`` slice of that)."""
 
     name = "modify_output"
+    choices = ("op", TENSOR_OPS)
     schema = ModifyAction
     mechanism = FORWARD_HOOK
 
@@ -214,11 +216,12 @@ def input_position(target: Target, name: str, where: str) -> int | None:
     return positional.index(name) if name in positional else None
 
 
-@KINDS.register("modify_input")
+@KINDS.register()
 class ModifyInput(Kind):
     """An op on input ``item`` before forward sees it: a position, or a keyword argument's name."""
 
     name = "modify_input"
+    choices = ("op", TENSOR_OPS)
     schema = ModifyAction
     mechanism = FORWARD_PRE_HOOK
 

@@ -31,7 +31,7 @@ from surgery.actions.base import (
 from surgery.actions.ops import make_op
 from surgery.core.ledger import Ledger
 from surgery.core.records import Call
-from surgery.core.schema import CaptureGradAction, ModifyGradAction
+from surgery.core.schema import GRAD_OPS, CaptureGradAction, ModifyGradAction
 from surgery.core.select import Target
 from surgery.errors import ConfigError
 
@@ -56,11 +56,12 @@ def _each_param(
         ledger.hook(tensor_named(target.module, pname).register_hook, make_hook(key, target.module))
 
 
-@KINDS.register("capture_grad")
+@KINDS.register()
 class CaptureGrad(Kind):
     """Record grad_input/grad_output per module, or ``.grad`` per parameter keyed by full name."""
 
     name = "capture_grad"
+    observes = True
     schema = CaptureGradAction
     mechanism = FULL_BACKWARD_HOOK
 
@@ -97,11 +98,12 @@ class CaptureGrad(Kind):
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 
 
-@KINDS.register("modify_grad")
+@KINDS.register()
 class ModifyGrad(Kind):
     """An op on each grad_input tensor (or only ``item``), or on a parameter's gradient."""
 
     name = "modify_grad"
+    choices = ("op", GRAD_OPS)
     schema = ModifyGradAction
     mechanism = FULL_BACKWARD_HOOK
 

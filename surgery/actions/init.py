@@ -22,7 +22,7 @@ from surgery.actions.base import (
     tensors_of,
 )
 from surgery.core.ledger import Ledger
-from surgery.core.schema import InitAction, InitSpec
+from surgery.core.schema import INIT_METHODS, InitAction, InitSpec
 from surgery.core.select import Target
 from surgery.errors import ConfigError
 
@@ -79,11 +79,12 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-@KINDS.register("init")
+@KINDS.register()
 class Init(Kind):
     """Set ``param`` of every selected module by ``method``; the old values are kept for undo."""
 
     name = "init"
+    choices = ("method", INIT_METHODS)
     schema = InitAction
     mechanism = APPLY_PASS
 

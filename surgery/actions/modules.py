@@ -22,7 +22,7 @@ def _move_like(new: nn.Module, old: nn.Module) -> nn.Module:
     return new.train(old.training)
 
 
-@KINDS.register("replace_module")
+@KINDS.register()
 class ReplaceModule(Kind):
     """Each selected module is replaced in its parent by a new module built from ``with``.
 

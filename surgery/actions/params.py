@@ -26,7 +26,7 @@ from surgery.actions.base import (
 )
 from surgery.actions.init import check_fits, fill_
 from surgery.core.ledger import Ledger
-from surgery.core.schema import AddBufferAction, AddParameterAction, FreezeAction
+from surgery.core.schema import INIT_METHODS, AddBufferAction, AddParameterAction, FreezeAction
 from surgery.core.select import Target
 from surgery.errors import ConfigError
 
@@ -139,11 +139,12 @@ def _like(module: nn.Module, name: str, taken: dict[str, TensorSpec], target: Ta
     return TensorSpec(tuple(tensor.shape), tensor.dtype, "parameters")
 
 
-@KINDS.register("add_parameter")
+@KINDS.register()
 class AddParameter(AddTensor):
     """An ``nn.Parameter`` of ``shape`` (or ``like``) filled by ``init``."""
 
     name = "add_parameter"
+    choices = ("init.method", INIT_METHODS)
     schema = AddParameterAction
 
     def register(self, ledger: Ledger, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
@@ -151,11 +152,12 @@ class AddParameter(AddTensor):
         ledger.add_tensor(module, cfg.name, nn.Parameter(tensor, requires_grad=cfg.requires_grad), "parameters")
 
 
-@KINDS.register("add_buffer")
+@KINDS.register()
 class AddBuffer(AddTensor):
     """A buffer of ``shape`` (or ``like``) filled by ``init``; ``persistent`` or not."""
 
     name = "add_buffer"
+    choices = ("init.method", INIT_METHODS)
     schema = AddBufferAction
     tensor_kind = "buffers"
 
@@ -194,7 +196,7 @@ class SetRequiresGrad(Kind):
         return Step(ctx.name, self.name, self.mechanism, cfg, modules_of(found), apply, tensors_named(found))
 
 
-@KINDS.register("freeze")
+@KINDS.register()
 class Freeze(SetRequiresGrad):
     """Set requires_grad = False on the selected parameters; undo restores each flag."""
 
@@ -202,7 +204,7 @@ class Freeze(SetRequiresGrad):
     flag = False
 
 
-@KINDS.register("unfreeze")
+@KINDS.register()
 class Unfreeze(SetRequiresGrad):
     """Set requires_grad = True on the selected parameters; undo restores each flag."""
 

@@ -38,7 +38,7 @@ def _added_names(ctx: BindContext) -> set[str]:
     return names
 
 
-@KINDS.register("on_load")
+@KINDS.register()
 class OnLoad(Kind):
     """Rewrite checkpoint keys by ``rename`` as ``load_state_dict`` reads them (pre-hook), and
     drop tensors added by this plan (before or after this action) from the missing keys

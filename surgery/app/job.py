@@ -273,16 +273,13 @@ def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...]) -> Any:
         changes = [
             f"{s.name} on {', '.join(t.name for t in s.targets[:3])}{' …' if len(s.targets) > 3 else ''}"
             for s in job.plan.steps
-            if s.enabled and s.kind not in OBSERVING_KINDS
+            if s.enabled and not s.traits.observes
         ]
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ActionError(
             f"the model fails after the surgery ({'; '.join(changes) or 'no changing action'}):"
             f" {type(e).__name__}: {first}"
         ) from e
-
-
-OBSERVING_KINDS = frozenset({"capture", "capture_grad", "log"})
 
 
 def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str, int]:
@@ -318,7 +315,7 @@ def write_shard(surgery: Surgery, directory: Path, number: int) -> int:
 
 
 def _streamed(plan: Plan) -> set[str]:
-    return {s.name for s in plan.steps if s.kind == "capture" and s.enabled and s.config.to == "disk"}
+    return {s.name for s in plan.steps if s.enabled and s.streams}
 
 
 def _plot(surgery: Surgery, out_dir: Path) -> list[Path]:

@@ -164,20 +164,17 @@ def compile_plan(
     return plan
 
 
-CHANGING_KINDS = frozenset({"replace_forward", "modify_output", "modify_input", "modify_grad"})
-
-
 def overlap_warnings(steps: list[Step]) -> list[str]:
     """Modules where a changing hook shares the module with other hooks: they run in plan order."""
     by_module: dict[str, list[Step]] = {}
     for step in steps:
-        if step.enabled and step.mechanism != "apply pass":
+        if step.enabled and step.mechanism not in ("apply pass", "state-dict hook"):  # hooks that run in a call
             for target in step.targets:
                 by_module.setdefault(target.name, []).append(step)
     shared = {
         name: [s.name for s in found]
         for name, found in by_module.items()
-        if len(found) > 1 and any(s.kind in CHANGING_KINDS for s in found)  # observers alone cannot disagree
+        if len(found) > 1 and any(not s.traits.observes for s in found)  # observers alone cannot disagree
     }
     lines = [f"{name}: {' → '.join(actions)} (hooks run in this order)" for name, actions in list(shared.items())[:5]]
     if len(shared) > 5:

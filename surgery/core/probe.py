@@ -18,7 +18,7 @@ from surgery.errors import ConfigError
 def check_before_apply(model: nn.Module, steps: list[Step], example_inputs: tuple[Any, ...], batches: int) -> None:
     """Run the model once on ``example_inputs`` (no_grad) and check shapes and capture sizes."""
     checks = [(t, c) for s in steps if s.enabled for t, c in s.shape_checks]
-    captures = [s for s in steps if s.enabled and s.kind == "capture"]
+    captures = [s for s in steps if s.enabled and s.traits.sized]
     sized = [s for s in captures if s.config.max_bytes is not None and s.config.reduce == "none"]
     if not checks and not sized:
         return

@@ -22,13 +22,16 @@ class Registry(Generic[T]):
         self.what = what
         self._items: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator that registers an object under ``name``; registering a name twice is an error."""
+    def register(self, name: str | None = None) -> Callable[[T], T]:
+        """Decorator that registers an object under ``name`` (default: its own ``name``); twice is an error."""
 
         def add(obj: T) -> T:
-            if name in self._items:
-                raise ValueError(f"{self.what} {name!r} is already registered")
-            self._items[name] = obj
+            key = name if name is not None else getattr(obj, "name", None)
+            if not isinstance(key, str):
+                raise ValueError(f"a {self.what} needs a name: register('NAME') or a `name` attribute")
+            if key in self._items:
+                raise ValueError(f"{self.what} {key!r} is already registered")
+            self._items[key] = obj
             return obj
 
         return add
