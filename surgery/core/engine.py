@@ -219,6 +219,6 @@ def hooks_on(model: nn.Module) -> int:
     for module in model.modules():
         count += sum(len(getattr(module, name, {})) for name in HOOK_DICTS)
         for tensor in list(module._parameters.values()) + list(module._buffers.values()):
-            hooks = getattr(tensor, "_backward_hooks", None) if tensor is not None else None
-            count += len(hooks or {})
+            for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+                count += len(getattr(tensor, name, None) or {}) if tensor is not None else 0
     return count
