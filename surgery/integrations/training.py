@@ -1,0 +1,197 @@
+"""What the training callbacks share: apply a recipe for one run, turn its captures into scalars, remove and check.
+
+Logged statistics, keyed ``surgery/ACTION/MODULE/STAT`` (``surgery/ACTION/MODULE/WHAT/STAT`` for anything but a
+capture's ``output`` or a parameter's ``grad``, e.g. ``input.0``, ``grad_output.0``):
+
+- a capture with ``reduce: mean|stats``: every call and batch row since the last log: ``mean`` and ``std`` of all
+  values, ``norm`` the root mean square of each batch row's L2 norm (dim 0 is the batch, as for ``reduce``);
+- every other record (a capture keeping calls, ``capture_grad``): the last call of the logged step: ``mean`` and
+  ``std`` of its values, ``norm`` its L2 norm (for a parameter's gradient: the norm ``clip_norm`` bounds).
+
+``std`` is the population standard deviation (no NaN for one value). Records that keep calls are emptied after
+every step, so a long run holds one step of them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+import surgery
+from surgery.core.engine import Surgery
+from surgery.core.records import Record, Running
+from surgery.core.restore import ModelState
+from surgery.errors import ActionError, ConfigError
+
+STAGES = ("fit", "validate", "test", "predict")
+MAIN = ("output", "grad")  # logged without their WHAT segment
+# module and tensor facts that training or the framework may change legitimately (mode, values, device, precision)
+_MOVABLE = ("training", "version", "storage", "device", "dtype")
+
+
+def check_log_every(value: Any, owner: str) -> int:
+    """``log_every_n_steps`` as a positive int (0 turns logging off), or one ConfigError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{owner}.log_every_n_steps: expected a whole number >= 0 (0: no logging), got {value!r}")
+    return value
+
+
+class TrainingSurgery:
+    """One recipe applied to one model for one run; ``remove`` checks every hook, module and tensor slot is back."""
+
+    def __init__(self, actions: Any, owner: str) -> None:
+        if actions is None:
+            raise ConfigError(f"{owner}.actions: give an actions name, a dict, a DictConfig or a YAML path")
+        self.actions = actions
+        self.owner = owner
+        self.surgery: Surgery | None = None
+        self.added: list[nn.Parameter] = []  # trainable parameters the recipe added, for the optimizer
+        self._before: ModelState | None = None
+        self._set_aside: dict[int, dict[str, Running]] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether the recipe is applied now."""
+        return self.surgery is not None and self.surgery.active
+
+    def apply(self, model: nn.Module) -> Surgery:
+        """Plan against ``model`` (a recipe that does not fit raises here, naming the action), then apply."""
+        plan = surgery.plan(model, self.actions)
+        had = {id(p) for p in model.parameters()}
+        self._before = ModelState.of(model)
+        self.surgery = surgery.apply(model, plan)
+        self.added = [p for p in model.parameters() if id(p) not in had and p.requires_grad]
+        return self.surgery
+
+    def remove(self, check: bool = True) -> None:
+        """Undo the recipe; with ``check``, raise an ActionError naming any hook, module or slot not back as before.
+
+        ``Surgery.remove(verify=True)`` would also compare values, which training changes by design; this checks
+        everything else it checks (every hook dict, ``_is_full_backward_hook``, children, tensor slots, flags).
+        """
+        s, before = self.surgery, self._before
+        if s is None or not s.active:
+            return
+        self.resume_window()
+        s.remove()
+        if check and before is not None:
+            diffs = restore_differences(before, ModelState.of(s.model))
+            if diffs:
+                more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
+                raise ActionError(
+                    f"{self.owner}: the model is not restored after the run: {'; '.join(diffs[:5])}{more}"
+                )
+
+    def statistics(self) -> dict[str, float]:
+        """``surgery/ACTION/MODULE[/WHAT]/STAT`` → value for every record; reduced windows start again."""
+        if self.surgery is None:
+            return {}
+        out: dict[str, float] = {}
+        for action, records in self.surgery.captures.items():
+            for key, record in records.items():
+                for what, stats in record_statistics(record).items():
+                    prefix = f"surgery/{action}/{key}" + ("" if what in MAIN else f"/{what}")
+                    out.update({f"{prefix}/{stat}": value for stat, value in stats.items()})
+                record.running.clear()
+        return out
+
+    def end_step(self) -> None:
+        """Forget the calls kept by records that keep calls: memory stays at one step."""
+        if self.surgery is None:
+            return
+        for records in self.surgery.captures.values():
+            for record in records.values():
+                if record.reduce == "none":
+                    record.calls.clear()
+
+    def set_window_aside(self) -> None:
+        """Keep the running statistics gathered so far out of reach of the batches that follow (validation in fit)."""
+        if self.surgery is None or self._set_aside is not None:
+            return
+        self._set_aside = {}
+        for records in self.surgery.captures.values():
+            for record in records.values():
+                self._set_aside[id(record)], record.running = record.running, {}
+
+    def resume_window(self) -> None:
+        """Put back what ``set_window_aside`` kept; what came meanwhile is dropped."""
+        if self.surgery is None or self._set_aside is None:
+            return
+        for records in self.surgery.captures.values():
+            for record in records.values():
+                record.running = self._set_aside.get(id(record), {})
+                if record.reduce == "none":
+                    record.calls.clear()
+        self._set_aside = None
+
+
+def record_statistics(record: Record) -> dict[str, dict[str, float]]:
+    """``{WHAT: {"mean", "std", "norm"}}`` for one record (see the module docstring for what each means)."""
+    if record.reduce != "none":
+        return {what: _window_stats(running) for what, running in list(record.running.items()) if running.count}
+    calls = record.calls
+    if not calls:
+        return {}
+    last = calls[-1]
+    out: dict[str, dict[str, float]] = {}
+    for field in ("input", "kwargs", "output", "grad_input", "grad_output", "grad"):
+        what = "input" if field == "kwargs" else field
+        for name, tensor in _tensors(getattr(last, field), what):
+            if tensor.is_floating_point() and tensor.numel():
+                out[name] = _tensor_stats(tensor)
+    return out
+
+
+def _tensors(value: Any, what: str) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        return [(what, value)]
+    if isinstance(value, dict):
+        return [(f"{what}.{k}", v) for k, v in value.items() if isinstance(v, torch.Tensor)]
+    if isinstance(value, (tuple, list)):
+        return [(f"{what}.{i}", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
+    x = tensor.detach().double()
+    return {
+        "mean": x.mean().item(),
+        "std": x.std(correction=0).item(),
+        "norm": torch.linalg.vector_norm(x).item(),
+    }
+
+
+def _window_stats(running: Running) -> dict[str, float]:
+    """Pooled over every row and element: the law of total variance over the elementwise mean and M2."""
+    mean, m2, rows = running.mean, running.m2, running.count
+    assert mean is not None and m2 is not None
+    elements = mean.numel()
+    overall = mean.mean()
+    total_m2 = m2.sum() + rows * ((mean - overall) ** 2).sum()
+    square_norm = (m2 / rows + mean**2).sum()  # E over rows of ||row||^2
+    return {
+        "mean": overall.item(),
+        "std": math.sqrt(max(total_m2.item(), 0.0) / (rows * elements)),
+        "norm": math.sqrt(max(square_norm.item(), 0.0)),
+    }
+
+
+def restore_differences(before: ModelState, now: ModelState) -> list[str]:
+    """Hook dicts, flags, children and tensor slots that differ; values, mode, device and dtype may move."""
+    diffs = [f"module {n}: gone" for n in before.modules if n not in now.modules]
+    diffs += [f"module {n}: new" for n in now.modules if n not in before.modules]
+    diffs += [f"tensor {n}: gone" for n in before.tensors if n not in now.tensors]
+    diffs += [f"tensor {n}: new" for n in now.tensors if n not in before.tensors]
+    for kind, was, is_now in (("module", before.modules, now.modules), ("tensor", before.tensors, now.tensors)):
+        for name, facts in was.items():
+            after = is_now.get(name, facts)
+            diffs += [
+                f"{kind} {name}: {key} was {value!r}, now {after.get(key)!r}"
+                for key, value in facts.items()
+                if key not in _MOVABLE and after.get(key) != value
+            ]
+    diffs += [f"torch global {k} changed" for k, v in before.globals.items() if now.globals.get(k) != v]
+    return diffs
