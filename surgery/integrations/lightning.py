@@ -69,7 +69,7 @@ class SurgeryCallback(Callback):
             )
         self._trainer, self._batches = trainer, 0
         self._run.apply(pl_module)
-        every, ours = trainer.log_every_n_steps, self.log_every_n_steps
+        every, ours = getattr(trainer, "log_every_n_steps", 0), self.log_every_n_steps  # set by its logger connector
         if ours and every and every % ours:
             warnings.warn(
                 f"SurgeryCallback(log_every_n_steps={ours}): Lightning writes step metrics every {every} batches"
