@@ -1,0 +1,62 @@
+"""``glob_rename`` (on_load's ``rename``): each wildcard of the old name fills the same wildcard of the new one."""
+
+from __future__ import annotations
+
+import pytest
+
+from surgery.core.globs import _qualified_names, glob_rename
+from surgery.errors import ConfigError
+
+RENAMES = [
+    # (old, new, name, renamed or None when old does not match)
+    ("blocks.*.attn.*", "layers.*.attention.*", "blocks.3.attn.weight", "layers.3.attention.weight"),
+    ("blocks.*.attn.*", "layers.*.attention.*", "blocks.3.mlp.weight", None),
+    ("blocks.*.attn", "layers.*.attention", "blocks.3.attn.weight", None),  # whole keys only
+    ("module.**", "**", "module.enc.lin.weight", "enc.lin.weight"),
+    ("module.**", "**", "module", ""),  # '**' at the end may take zero segments: the dot goes too
+    ("**", "model.**", "a.b", "model.a.b"),
+    ("**.w", "**.weight", "w", "weight"),  # '**' at the start, zero segments: its dot goes
+    ("**.w", "**.weight", "a.b.w", "a.b.weight"),
+    ("a.**.w", "b.**.v", "a.w", "b.v"),  # in the middle, zero segments: one dot stays
+    ("a.**.w", "b.**.v", "a.x.w", "b.x.v"),
+    ("a.**.w", "b.**.v", "a.x.y.w", "b.x.y.v"),
+    ("x.**", "y.**", "x.p.q", "y.p.q"),
+    ("x.**", "y.**", "x", "y"),  # '**' at the end, zero segments: the dot before it goes
+    ("l?.*", "layer?.*", "l1.bias", "layer1.bias"),
+    ("l[0-9].*", "m[0-9].*", "l7.bias", "m7.bias"),
+    ("l[0-9].*", "m[0-9].*", "lx.bias", None),
+    ("p*q.*", "r*s.*", "pabq.w", "rabs.w"),
+    ("*.*.w", "*.*.v", "a.b.w", "a.b.v"),  # in order
+    ("fixed.w", "other.v", "fixed.w", "other.v"),  # no wildcards
+    ("fixed.w", "other.v", "fixed.wx", None),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "name", "renamed"), RENAMES)
+def test_glob_rename(old: str, new: str, name: str, renamed: str | None) -> None:
+    assert glob_rename(old, new, "actions.r.rename")(name) == renamed
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("a.*", "b", "'a.*' -> 'b': the new name needs the same wildcards in the same order (* vs none)"),
+        ("a", "b.*", "'a' -> 'b.*': the new name needs the same wildcards in the same order (none vs *)"),
+        ("**.a.*", "*.b.**", "(** * vs * **)"),  # order counts
+        ("a.?", "b.**", "(* vs **)"),  # '?' and '[..]' are one-segment wildcards, like '*'
+    ],
+)  # fmt: skip
+def test_glob_rename_refuses_different_wildcards(old: str, new: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        glob_rename(old, new, "actions.r.rename")
+    assert str(info.value).endswith(message)
+    assert str(info.value).startswith("actions.r.rename: ")
+
+
+def test_qualified_names_are_every_package_prefix() -> None:
+    class Local:
+        pass
+
+    Local.__module__ = "pkg.sub.mod"
+    qual = Local.__qualname__
+    assert _qualified_names(Local) == [f"pkg.{qual}", f"pkg.sub.{qual}", f"pkg.sub.mod.{qual}"]
