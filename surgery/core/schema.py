@@ -1,4 +1,4 @@
-"""Typed configs: run settings and one dataclass per action kind, validated with clear paths.
+"""Typed configs: run settings, the action schemas (``schema_actions``, re-exported here) and validation.
 
 OmegaConf has no unions of structured configs, so actions are composed untyped and each
 is validated here against its own kind's dataclass (``validate_action``). Cross-field
@@ -9,31 +9,52 @@ turns every problem into one ``ConfigError`` that names ``WHERE.KEY``.
 from __future__ import annotations
 
 import dataclasses
-import keyword
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from surgery.core.schema_actions import (  # re-exported: the action schemas live there
+    FORWARD_FNS,
+    GRAD_OPS,
+    INIT_KEYS,
+    INIT_METHODS,
+    NONLINEARITIES,
+    OP_NEEDS,
+    TENSOR_OPS,
+    Action,
+    AddBufferAction,
+    AddParameterAction,
+    AddTensorAction,
+    CaptureAction,
+    CaptureGradAction,
+    FieldError,
+    FreezeAction,
+    InitAction,
+    InitSpec,
+    LogAction,
+    ModifyAction,
+    ModifyGradAction,
+    OnLoadAction,
+    OpArgs,
+    ReplaceForwardAction,
+    ReplaceModuleAction,
+    field_name,
+    one_of,
+    yaml_key,
+)
 from surgery.errors import ConfigError, did_you_mean
 
-
-class FieldError(ValueError):
-    """A cross-field check failed on one key; ``validate`` adds where it is."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-def one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Raise FieldError unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        hint = did_you_mean(str(value), choices)
-        raise FieldError(key, f"{value!r} is not one of {', '.join(choices)}.{hint}")
+__all__ = [  # the action schemas are re-exported so callers need one import
+    "FieldError", "one_of", "yaml_key", "field_name", "Action", "NONLINEARITIES", "INIT_METHODS", "INIT_KEYS",
+    "InitSpec", "InitAction", "AddTensorAction", "AddParameterAction", "AddBufferAction", "FreezeAction",
+    "FORWARD_FNS", "ReplaceForwardAction", "ReplaceModuleAction", "OnLoadAction", "TENSOR_OPS", "GRAD_OPS",
+    "OP_NEEDS", "OpArgs", "ModifyAction", "ModifyGradAction", "CaptureAction", "CaptureGradAction", "LogAction",
+    "DTYPES", "LOSSES", "MODES", "RunSettings", "check_containers", "check_keys", "validate",
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------- run settings
@@ -56,6 +77,7 @@ class RunSettings:
     backward: bool = False  # also run a backward pass so backward hooks fire
     loss: str = "sum"  # loss for the backward pass
     compare: bool = True  # also run the unmodified model and report the difference
+    metrics: Any = None  # accuracy, top5, loss, agreement, kl (null: the default for the input; [] none)
     save_model: bool = False  # write the surgered state_dict as model.safetensors
     verbose: bool = False  # full tracebacks on errors
 
@@ -67,293 +89,7 @@ class RunSettings:
             raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N or auto")
 
 
-# ---------------------------------------------------------------- actions
-
-
-@dataclass
-class Action:
-    """Keys every action has (SPEC §3)."""
-
-    kind: str = MISSING  # which action
-    select: Any = None  # module-name glob or list of globs; absent: every module
-    type: Any = None  # class-name glob(s): Conv2d, Function_*, torch.nn.Conv2d
-    exclude: Any = None  # name glob(s) removed from the match
-    allow_empty: bool = False  # matching nothing is not an error
-    enabled: bool = True  # false skips the action
-
-    def __post_init__(self) -> None:
-        for key in ("select", "type", "exclude"):
-            value = getattr(self, key)
-            if value is None or isinstance(value, str):
-                continue
-            if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
-                raise FieldError(key, f"must be a glob string or a non-empty list of them, got {value!r}")
-
-
-NONLINEARITIES = (
-    "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "sigmoid", "tanh", "relu", "leaky_relu", "selu",
-)  # fmt: skip
-INIT_METHODS = (
-    "constant", "zeros", "ones", "normal", "uniform", "xavier_uniform", "xavier_normal",
-    "kaiming_uniform", "kaiming_normal", "orthogonal", "trunc_normal", "eye", "dirac",
-)  # fmt: skip
-KAIMING, NORMALS = ("kaiming_uniform", "kaiming_normal"), ("normal", "trunc_normal")
-INIT_KEYS = {  # the methods that use each optional key of InitSpec
-    "value": ("constant",), "mean": NORMALS, "std": NORMALS, "a": ("uniform", "trunc_normal", *KAIMING),
-    "b": ("uniform", "trunc_normal"), "gain": ("xavier_uniform", "xavier_normal", "orthogonal"),
-    "mode": KAIMING, "nonlinearity": KAIMING,
-}  # fmt: skip
-
-
-@dataclass
-class InitSpec:
-    """How to fill a tensor: ``method`` and that method's arguments."""
-
-    method: str = MISSING  # how to fill: see the methods listed below
-    value: float | None = None  # constant
-    mean: float | None = None  # normal, trunc_normal (default 0)
-    std: float | None = None  # normal, trunc_normal (default 1)
-    a: float | None = None  # uniform low (0), trunc_normal low (-2), kaiming negative slope (0)
-    b: float | None = None  # uniform high (1), trunc_normal high (2)
-    gain: float | None = None  # xavier, orthogonal (default 1)
-    mode: str | None = None  # kaiming: fan_in (default) | fan_out
-    nonlinearity: str | None = None  # kaiming (default leaky_relu)
-
-    def check_init(self, prefix: str = "") -> None:
-        """Check the method is known, has what it needs and is given no key it would ignore; keys under ``prefix``."""
-        one_of(prefix + "method", self.method, INIT_METHODS)
-        for key, methods in INIT_KEYS.items():  # a key the method ignores is a silent mistake (ones with value: 3)
-            if getattr(self, key) is not None and self.method not in methods:
-                raise FieldError(
-                    prefix + key, f"method {self.method!r} does not use {key}; {key} is taken by {', '.join(methods)}"
-                )
-        if self.method == "constant" and self.value is None:
-            raise FieldError(prefix + "value", "method 'constant' needs a value, e.g. value: 1.0")
-        for key, choices in (("mode", ("fan_in", "fan_out")), ("nonlinearity", NONLINEARITIES)):
-            if getattr(self, key) is not None:
-                one_of(prefix + key, getattr(self, key), choices)
-        for key in ("std", "gain"):
-            if (getattr(self, key) or 0) < 0:
-                raise FieldError(prefix + key, f"must be >= 0, got {getattr(self, key)}")
-        low, high = self.a, self.b
-        if self.method in ("uniform", "trunc_normal") and low is not None and high is not None and low > high:
-            raise FieldError(prefix + "a", f"{self.method} needs a <= b, got a={low} and b={high}")
-
-
-@dataclass
-class InitAction(Action, InitSpec):
-    """init: set the selected parameters by ``method`` in an apply pass under no_grad."""
-
-    param: str = MISSING  # parameter-name glob within each selected module, e.g. weight or "*"
-
-    def __post_init__(self) -> None:
-        Action.__post_init__(self)
-        self.check_init()
-
-
-@dataclass
-class AddTensorAction(Action):
-    """Keys shared by add_parameter and add_buffer."""
-
-    name: str = MISSING  # attribute name of the new tensor
-    shape: list[int] | None = None  # shape of the new tensor (give shape or like)
-    like: str | None = None  # or: copy shape and dtype from this parameter/buffer of the module
-    init: InitSpec = field(default_factory=lambda: InitSpec(method="zeros"))  # how to fill it
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if (self.shape is None) == (self.like is None):
-            raise FieldError("shape", "give exactly one of shape (e.g. [4]) or like (e.g. weight)")
-        if self.shape is not None and any(s < 0 for s in self.shape):
-            raise FieldError("shape", f"sizes must be >= 0, got {self.shape}")
-        if not self.name.isidentifier() or self.name.startswith("_"):
-            raise FieldError("name", f"{self.name!r} is not a public Python identifier")
-        self.init.check_init("init.")
-
-
-@dataclass
-class AddParameterAction(AddTensorAction):
-    """add_parameter: register a new nn.Parameter on each selected module."""
-
-    requires_grad: bool = True  # whether the new parameter trains
-
-
-@dataclass
-class AddBufferAction(AddTensorAction):
-    """add_buffer: register a new buffer on each selected module."""
-
-    persistent: bool = True  # part of state_dict
-
-
-@dataclass
-class FreezeAction(Action):
-    """freeze / unfreeze: set requires_grad on the selected parameters."""
-
-    param: str = "*"  # parameter-name glob within each selected module
-
-
-FORWARD_FNS = ("identity", "zero", "linear")
-
-
-@dataclass
-class ReplaceForwardAction(Action):
-    """replace_forward: the module's output becomes ``expr`` or a built-in ``fn``."""
-
-    fn: Any = None  # identity | zero | linear | pkg.module:function | a _target_ node: fn(module, inputs, output)
-    expr: str | None = None  # e.g. "x * module.W + module.b"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if (self.fn is None) == (self.expr is None):
-            raise FieldError("fn", "give exactly one of fn (identity, zero, linear, pkg.module:function) or expr")
-        if isinstance(self.fn, str) and ":" not in self.fn:
-            one_of("fn", self.fn, FORWARD_FNS)
-
-
-@dataclass
-class ReplaceModuleAction(Action):
-    """replace_module: swap each selected module for a new one built from ``with``."""
-
-    with_: Any = MISSING  # a _target_ node, e.g. {_target_: torch.nn.GELU}; one instance per module
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not (isinstance(self.with_, dict) and "_target_" in self.with_):
-            raise FieldError("with", f"needs a _target_ node such as {{_target_: torch.nn.GELU}}, got {self.with_!r}")
-
-
-@dataclass
-class OnLoadAction(Action):
-    """on_load: load_state_dict pre/post hooks on the selected module (the root by default)."""
-
-    select: Any = "<root>"  # the module whose load_state_dict keys are rewritten
-    rename: dict[str, str] = field(default_factory=dict)  # checkpoint key glob -> new name, wildcards kept in order
-    ignore_added: bool = True  # tensors added by this plan are not reported missing
-
-
-TENSOR_OPS = ("add", "mul", "set", "zero", "clamp", "noise", "mean_ablate", "expr", "fn", "patch")
-GRAD_OPS = TENSOR_OPS + ("clip_norm", "clip_value")
-OP_NEEDS = {
-    "add": ("value",), "mul": ("value",), "set": ("value",), "noise": ("std",),
-    "expr": ("expr",), "clip_norm": ("max_norm",), "clip_value": ("value",), "fn": ("fn",), "patch": ("from_",),
-}  # fmt: skip
-
-
-@dataclass
-class OpArgs:
-    """An op on a tensor, shared by the modify kinds."""
-
-    op: str = MISSING  # which op: see the ops listed below
-    value: float | None = None  # add, mul, set, clip_value
-    min: float | None = None  # clamp
-    max: float | None = None  # clamp
-    std: float | None = None  # noise
-    dim: Any = 0  # mean_ablate: dim or list of dims to average over
-    max_norm: float | None = None  # clip_norm
-    expr: str | None = None  # expr: the new value; the tensor is named output, x or grad
-    fn: Any = None  # fn: pkg.module:function or a _target_ node, called fn(tensor) -> tensor
-    from_: Any = None  # patch: {file: captures.safetensors of an earlier run, key: ACTION/MODULE/WHAT}
-    index: str | None = None  # subscript such as "[:, 3:5]": only that slice changes
-
-    def check_op(self, ops: tuple[str, ...]) -> None:
-        """Check the op is known here and has the values it needs."""
-        one_of("op", self.op, ops)
-        for key in OP_NEEDS.get(self.op, ()):
-            if getattr(self, key) is None:
-                raise FieldError(yaml_key(key), f"op {self.op!r} needs {yaml_key(key)}")
-        if self.op == "patch":
-            source = self.from_
-            if not (isinstance(source, dict) and set(source) == {"file", "key"}):
-                raise FieldError("from", f"needs {{file: PATH, key: ACTION/MODULE/WHAT}}, got {source!r}")
-        elif self.from_ is not None:  # it would be ignored: the op would run on the model's own tensor
-            raise FieldError("from", f"only op 'patch' takes from (a captured tensor), not op {self.op!r}")
-        if self.op == "noise" and (self.std or 0) < 0:
-            raise FieldError("std", f"must be >= 0 (the noise's standard deviation), got {self.std}")
-        if self.op == "clamp" and self.min is None and self.max is None:
-            raise FieldError("min", "op 'clamp' needs min, max or both")
-        if self.op == "clamp" and self.min is not None and self.max is not None and self.min > self.max:
-            raise FieldError("min", f"clamp needs min <= max, got min={self.min} and max={self.max}")
-        if self.op == "clip_norm" and self.max_norm is not None and self.max_norm <= 0:
-            raise FieldError("max_norm", f"must be > 0, got {self.max_norm}")
-        dims = self.dim if isinstance(self.dim, list) else [self.dim]
-        if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-            raise FieldError("dim", f"a dim or a list of dims (ints) to average over, got {self.dim!r}")
-
-
-@dataclass
-class ModifyAction(Action, OpArgs):
-    """modify_output / modify_input: an op on one item of the output or positional input."""
-
-    item: Any = 0  # output: tuple/list/dict element (int or key); input: position; a plain tensor is used as is
-
-    def __post_init__(self) -> None:
-        Action.__post_init__(self)
-        self.check_op(TENSOR_OPS)
-
-
-@dataclass
-class ModifyGradAction(Action, OpArgs):
-    """modify_grad: an op on grad_input (full backward hook) or on a parameter's grad."""
-
-    param: str | None = None  # set: Tensor.register_hook on these parameters
-    item: int | None = None  # which grad_input element; absent: every tensor element
-
-    def __post_init__(self) -> None:
-        Action.__post_init__(self)
-        self.check_op(GRAD_OPS)
-
-
-@dataclass
-class CaptureAction(Action):
-    """capture: record inputs and/or outputs of every call."""
-
-    what: list[str] = field(default_factory=lambda: ["output"])  # input, output
-    to: str = "memory"  # memory (s.captures, then captures.safetensors) | disk (one shard per batch)
-    reduce: str = "none"  # none: every call | mean | stats: running elementwise stats over calls and batch
-    max_bytes: int | None = None  # refuse, before running, a capture that would hold more than this
-    plot: bool = False  # write plots/*.png of the last call: feature-map grid or histogram
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.what:
-            raise FieldError("what", "list at least one of input, output")
-        for w in self.what:
-            one_of("what", w, ("input", "output"))
-        one_of("to", self.to, ("memory", "disk"))
-        one_of("reduce", self.reduce, ("none", "mean", "stats"))
-        if self.reduce != "none" and self.to == "disk":
-            raise FieldError("to", "reduce keeps running statistics in memory; drop to: disk or reduce")
-        if self.max_bytes is not None and self.max_bytes <= 0:
-            raise FieldError("max_bytes", f"must be a positive number of bytes, got {self.max_bytes}")
-
-
-@dataclass
-class CaptureGradAction(Action):
-    """capture_grad: record grad_input/grad_output, or a parameter's gradient with ``param``."""
-
-    param: str | None = None  # set: Tensor.register_hook on these parameters
-    plot: bool = False  # write plots/*.png of the last call's gradients
-
-
-@dataclass
-class LogAction(Action):
-    """log: print module name, input/output shapes and stats per call."""
-
-    stats: bool = True  # also print mean/std/min/max
-
-
 # ---------------------------------------------------------------- validation
-
-
-def yaml_key(name: str) -> str:
-    """The config key of a field: ``with_`` is written ``with`` (Python keywords need the ``_``)."""
-    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
-
-
-def field_name(key: str) -> str:
-    """The field of a config key: ``with`` → ``with_``."""
-    return f"{key}_" if keyword.iskeyword(key) else key
 
 
 def _at(where: str, key: str) -> str:
