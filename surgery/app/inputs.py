@@ -114,6 +114,13 @@ def loss_of(output: torch.Tensor, loss: str, target: Any) -> torch.Tensor:
         return F.mse_loss(output, torch.zeros_like(output))
     if target is None:
         raise ConfigError(f"loss: {loss!r} needs a class index; set input.target=N")
+    if isinstance(target, torch.Tensor):  # a data set's labels, one per example
+        labels = target.reshape(-1)
+        output = output.reshape(labels.shape[0], -1)
+        if loss == "cross_entropy":
+            return F.cross_entropy(output, labels)
+        return F.kl_div(torch.log_softmax(output, -1), F.one_hot(labels, output.shape[-1]).to(output.dtype),
+                        reduction="batchmean")  # fmt: skip
     if output.dim() < 2 or not 0 <= int(target) < output.shape[-1]:
         raise ConfigError(f"input.target: class {target} does not fit an output of shape {list(output.shape)}")
     output = output.reshape(-1, output.shape[-1])  # [batch, length, vocab] logits: every position

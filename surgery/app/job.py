@@ -13,15 +13,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from surgery.app.batches import Batches, input_spec, make_batches
 from surgery.app.build import build_model, module_table, resolve_device, seed_everything, settings_of
-from surgery.app.inputs import batch_count, loss_of, make_inputs
+from surgery.app.inputs import loss_of
 from surgery.app.interrupt import Interrupted, Interrupts, exit_code, remove_temporary_files
 from surgery.app.io import read_tensors, write_json, write_tensors
 from surgery.app.report import difference, environment, fingerprint, first_tensor, output_tensors, stats
+from surgery.app.scoring import Scoring, metric_names, summary
 from surgery.core.compiler import Plan, compile_plan, load_actions
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
+from surgery.data.metrics import Metric
 from surgery.errors import ActionError, ConfigError, SurgeryError
 
 
@@ -54,20 +57,23 @@ class Job:
     settings: RunSettings
     model: nn.Module
     input_spec: dict[str, Any]
-    inputs: tuple[torch.Tensor, ...]
-    batches: int
+    data: Batches  # every batch, batch 0 (``inputs``) first
     plan: Plan
     load_late: bool  # a checkpoint loaded after applying, through on_load hooks
+    metrics: tuple[str | Metric, ...] = ()  # scored on every batch for the surgered and the unmodified model
     timings: dict[str, float] = field(default_factory=dict)
     interrupts: Interrupts = field(default_factory=Interrupts)  # run_job's, checked after every batch
     reached: Reached = field(default_factory=Reached)
 
-    def batch_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """The inputs of batch ``batch`` (batch 0 is the one planned and compared with)."""
-        if batch == 0:
-            return self.inputs
-        device, dtype = self.inputs[0].device, getattr(torch, self.settings.dtype)
-        return make_inputs(self.input_spec, self.settings.seed, dtype, device, batch)
+    @property
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """Batch 0's inputs: planned with, compared on, fingerprinted."""
+        return self.data.first
+
+    @property
+    def batches(self) -> int:
+        """How many batches the run has."""
+        return self.data.count
 
 
 OUTPUT_FILE_MAX_BYTES = 64 * 2**20  # batch 0's output is saved for replay up to this size
@@ -171,9 +177,10 @@ def prepare(cfg: DictConfig) -> Job | None:
     if settings.mode == "modules":
         print(module_table(model))
         return None
-    input_spec = {**_plain(cfg.model.get("input") or {}), **_plain(cfg.get("input") or {})}
-    batches = batch_count(input_spec)
-    inputs = make_inputs(input_spec, settings.seed, getattr(torch, settings.dtype), device)
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
+    data = make_batches(spec, settings.seed, getattr(torch, settings.dtype), device)
+    metrics = metric_names(settings.metrics, data.labelled, settings.compare)
+    inputs, batches = data.first, data.count
     timings = {"build_s": time.perf_counter() - clock}
     clock = time.perf_counter()
     plan = compile_plan(
@@ -181,7 +188,7 @@ def prepare(cfg: DictConfig) -> Job | None:
         batches=batches,
     )  # fmt: skip
     timings["plan_s"] = time.perf_counter() - clock
-    return Job(cfg, settings, model, input_spec, inputs, batches, plan, load_late, timings)
+    return Job(cfg, settings, model, spec, data, plan, load_late, metrics, timings)
 
 
 def surgered_run(
@@ -197,6 +204,7 @@ def surgered_run(
     modules_before, params_before = _counts(model)
     original = unmodified_forward(job) if settings.compare else None
     model.zero_grad(set_to_none=True)
+    scoring = Scoring(job.metrics, model, job.plan) if job.metrics else None  # a copy, if any, is made now
 
     clock = time.perf_counter()
     surgery = apply_plan(model, job.plan, verify=True)
@@ -207,7 +215,7 @@ def surgered_run(
         modules_after, params_after = _counts(model)
         state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
         saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else None
-        output, output_print, done = run_batches(job, surgery, out_dir)
+        output, output_print, done = run_batches(job, surgery, out_dir, scoring)
         memory = {a: r for a, r in surgery.captures.items() if a not in _streamed(job.plan)}
         captures = flatten_captures(memory)
         images = _plot(surgery, out_dir)
@@ -230,6 +238,8 @@ def surgered_run(
             "parameters_before": params_before,
             "parameters_after": params_after,
         },
+        "metrics": scoring.result() if scoring is not None else None,
+        "data": {"source": job.data.source, "examples": scoring.examples if scoring else job.data.examples},
         "batches": job.batches,
         "batches_done": done,
         "complete": done == job.batches,
@@ -256,17 +266,20 @@ def surgered_run(
 def unmodified_forward(job: Job) -> Any:
     """The model before surgery on batch 0; failing here is the input's fault, not the surgery's."""
     try:
-        return forward(job.model, job.inputs, job.settings, job.input_spec.get("target"))
+        labels = job.data.first_labels
+        return forward(
+            job.model, job.inputs, job.settings, labels if labels is not None else job.input_spec.get("target")
+        )
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
 
 
-def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...]) -> Any:
+def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...], labels: torch.Tensor | None = None) -> Any:
     """The surgered model on one batch; failing outside our hooks means the surgery broke it: bad config."""
     try:
-        return forward(job.model, inputs, job.settings, job.input_spec.get("target"))
+        return forward(job.model, inputs, job.settings, labels if labels is not None else job.input_spec.get("target"))
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -282,8 +295,8 @@ def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...]) -> Any:
         ) from e
 
 
-def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str, int]:
-    """Every batch through the surgered model, streaming disk captures after each.
+def run_batches(job: Job, surgery: Surgery, out_dir: Path, scoring: Scoring | None = None) -> tuple[Any, str, int]:
+    """Every batch through the surgered model, scoring it and streaming disk captures after each.
 
     Returns batch 0's output, the output fingerprint and how many batches ran: fewer than
     ``job.batches`` when a signal asked to stop (checked after each batch, shard written).
@@ -292,9 +305,12 @@ def run_batches(job: Job, surgery: Surgery, out_dir: Path) -> tuple[Any, str, in
     first: Any = None
     prints = []
     shards = 0
-    with job.interrupts.deferring():
-        for batch in progress(range(job.batches), "batches"):
-            output = surgered_forward(job, job.batch_inputs(batch))
+    with job.interrupts.deferring(), progress(job.data) as bar:
+        for batch, (inputs, labels) in enumerate(job.data):
+            output = surgered_forward(job, inputs, labels)
+            if scoring is not None:
+                scoring.update(surgery, inputs, output, labels)
+            bar.update(int(labels.numel()) if labels is not None else int(inputs[0].shape[0]) if inputs else 1)
             first = output if batch == 0 else first
             prints.append(fingerprint(output))
             shards += write_shard(surgery, out_dir / "captures", shards)
@@ -326,18 +342,18 @@ def _plot(surgery: Surgery, out_dir: Path) -> list[Path]:
     return plot_records(surgery.captures, surgery.plotted, out_dir)
 
 
-def progress(items: range, what: str) -> Any:
-    """A progress bar over many batches on a terminal; the plain range otherwise."""
-    if len(items) < 10 or not sys.stderr.isatty():
-        return items
+def progress(data: Batches) -> Any:
+    """A progress bar over the examples (with examples/s) on a terminal, for more than one batch; else silent."""
     from tqdm import tqdm
 
-    return tqdm(items, desc=what, unit="batch", file=sys.stderr)
+    shown = data.count > 1 and sys.stderr.isatty()
+    return tqdm(total=data.examples, unit="ex", desc="examples", file=sys.stderr, disable=not shown, leave=False)
 
 
 def summary_line(report: dict[str, Any], out_dir: Path) -> str:
-    """One line for people: output shape, change against the original, hooks, where files went."""
-    parts = [f"output {report['output'].get('shape')}"]
+    """One line for people: the headline metric before → after, output shape, change, hooks, where files went."""
+    parts = [summary(report["metrics"])] if report.get("metrics") else []
+    parts.append(f"output {report['output'].get('shape')}")
     diff = report.get("difference") or {}
     if diff.get("comparable"):
         parts.append(f"max |change| vs original {diff['max_abs']:.4g} (mean {diff['mean_abs']:.4g})")

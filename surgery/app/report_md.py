@@ -45,6 +45,7 @@ def render_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[
     """The markdown of ``report.md``; image links are relative to ``out_dir``."""
     sections = [
         _title(report),
+        _metrics(report.get("metrics"), report.get("data")),
         _plan(report.get("plan") or []),
         _model(report.get("model")),
         _tensors(report),
@@ -56,6 +57,25 @@ def render_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[
         _key_values("Fingerprints (sha256, first 12 hex)", {k: _short(v) for k, v in _dict(report, "fingerprints")}),
     ]
     return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _metrics(metrics: Any, data: Any) -> str:
+    """The metrics table first: each metric before and after the surgery and the change."""
+    if not isinstance(metrics, Mapping) or not isinstance(metrics.get("surgered"), Mapping):
+        return ""
+    after, before, delta = metrics["surgered"], metrics.get("unmodified", {}), metrics.get("delta", {})
+    source = f" on {data.get('source')}, {data.get('examples')} examples" if isinstance(data, Mapping) else ""
+    lines = [f"## Metrics{source}", "", "| metric | unmodified | surgered | change |", "|---|---:|---:|---:|"]
+    for name, value in after.items():
+        cells = [_metric_cell(before.get(name)), _metric_cell(value), _metric_cell(delta.get(name), True)]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _metric_cell(value: Any, signed: bool = False) -> str:
+    if not isinstance(value, (int, float)):
+        return "–"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
 
 
 def _title(report: Mapping[str, Any]) -> str:
@@ -76,6 +96,10 @@ def _title(report: Mapping[str, Any]) -> str:
     device = (report.get("environment") or {}).get("device")
     if device:
         facts.append(f"device `{device}`")
+    if report.get("complete") is False:
+        facts.append(
+            f"**incomplete**: stopped after {report.get('batches_done', '?')} of {report.get('batches', '?')} batches"
+        )
     if "restored" in report:
         facts.append("model restored exactly: **" + ("yes" if report["restored"] else "no") + "**")
     return heading + "\n\n" + " · ".join(facts)

@@ -1,0 +1,74 @@
+"""Metrics of a CLI run: the surgered and the unmodified model scored on every batch, in the same pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.core.compiler import Plan
+from surgery.core.engine import Surgery
+from surgery.data.evaluate import logits_of, reference_model
+from surgery.data.metrics import Metric, Scores, check_metrics, metrics_dict
+from surgery.errors import ConfigError
+
+
+class Scoring:
+    """Running metrics for both models; the unmodified one runs with the surgery paused (or as a copy)."""
+
+    def __init__(self, names: Sequence[str | Metric], model: nn.Module, plan: Plan) -> None:
+        self.surgered, self.unmodified = Scores(names), Scores(names)
+        self.reference = reference_model(model, plan)  # made before applying: the model as it was
+        self.examples = 0
+
+    def update(self, surgery: Surgery, inputs: tuple[torch.Tensor, ...], output: Any, labels: Any) -> None:
+        """Score one batch: ``output`` is the surgered model's; the unmodified model runs on ``inputs`` now."""
+        with torch.no_grad():
+            if self.reference is not None:
+                before = logits_of(self.reference(*inputs))
+            else:
+                with surgery.paused():
+                    before = logits_of(surgery.model(*inputs))
+        after = logits_of(output).detach()
+        if labels is not None:
+            check_labels(labels, after)
+        self.surgered.update(after, labels, before)
+        self.unmodified.update(before, labels, before)
+        self.examples += int(labels.numel()) if labels is not None else int(after.shape[0])
+
+    def result(self) -> dict[str, Any]:
+        """``{"surgered", "unmodified", "delta"}`` over every batch scored."""
+        return metrics_dict(self.surgered.result(), self.unmodified.result())
+
+
+def check_labels(labels: torch.Tensor, logits: torch.Tensor) -> None:
+    """Refuse labels that are not class indices of the model's output."""
+    classes = logits.shape[-1]
+    if labels.is_floating_point() or labels.min() < 0 or labels.max() >= classes:
+        low, high = float(labels.min()), float(labels.max())
+        raise ConfigError(
+            f"input.y_key: labels run from {low:g} to {high:g} but the model's output has {classes} classes"
+            f" (labels must be ints in 0..{classes - 1}); check input.y_key or the model"
+        )
+
+
+def metric_names(given: Any, labelled: bool, compare: bool) -> tuple[str | Metric, ...]:
+    """The metrics a run computes: ``metrics`` as given, or the default for the input; none without compare."""
+    if not compare:
+        if given:
+            raise ConfigError("metrics: metrics compare with the unmodified model; set compare=true or metrics=[]")
+        return ()
+    return check_metrics(None if given is None else list(given), labelled)
+
+
+def summary(metrics: dict[str, Any]) -> str:
+    """``accuracy 99.44% → 81.89%`` (or the first metric), for the CLI's closing line."""
+    before, after = metrics.get("unmodified", {}), metrics.get("surgered", {})
+    name = "accuracy" if "accuracy" in after else next(iter(after), None)
+    if name is None:
+        return ""
+    if name in ("accuracy", "top5", "agreement"):
+        return f"{name} {100 * before[name]:.2f}% → {100 * after[name]:.2f}%"
+    return f"{name} {before[name]:.4g} → {after[name]:.4g}"
