@@ -261,3 +261,105 @@ def test_trainer_recipe_that_does_not_fit_stops_before_any_step(tmp_path: Path) 
     with pytest.raises(SurgeryError, match=r"actions\.acts"):
         trainer.train()
     assert trainer.state.global_step == 0 and hooks_of(model) == before
+
+
+class DistributedDataParallel(nn.Module):
+    """Stands for torch's DDP wrapper (the engine knows it by class name): the model sits under ``module``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any) -> Any:
+        return self.module(*args)
+
+
+def test_logged_names_see_through_a_ddp_wrapper() -> None:
+    """The same keys and values whether the recipe meets the bare module or one wrapped as DDP wraps it."""
+    from surgery.integrations.training import TrainingSurgery
+
+    logged = []
+    for wrap in (False, True):
+        model = Regressor()
+        run = TrainingSurgery(RECIPE, "test")
+        run.apply(DistributedDataParallel(model) if wrap else model)
+        x, y = data().tensors
+        F.mse_loss(model(x[:4]), y[:4]).backward()
+        logged.append(run.statistics())
+        run.remove()
+    assert logged[0] == logged[1] and "surgery/grads/net.2.weight/norm" in logged[1]
+
+
+DDP_RUN = """
+import json, sys
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
+from surgery.integrations.lightning import SurgeryCallback
+from tests.test_integrations import RECIPE, Regressor, data, hooks_of
+
+model = Regressor()
+before, frozen = hooks_of(model), model.net[0].weight.detach().clone()
+callback = SurgeryCallback(RECIPE, log_every_n_steps=1)
+trainer = pl.Trainer(max_steps=2, strategy="ddp", devices=2, accelerator="cpu", callbacks=[callback],
+                     logger=CSVLogger(sys.argv[1], name="run", version=0), log_every_n_steps=1,
+                     enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+trainer.fit(model, DataLoader(data(), batch_size=4))
+(extra,) = callback.added_parameters
+result = {"restored": hooks_of(model) == before, "frozen": torch.equal(frozen, model.net[0].weight),
+          "extra": extra.tolist()}
+json.dump(result, open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w"))
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("os").environ.get("SURGERY_DDP_TEST"),
+    reason="two gloo processes take ~1 min on a loaded 2-core machine; SURGERY_DDP_TEST=1 runs it",
+)
+def test_lightning_ddp_two_processes(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_RUN)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=root, env=env, check=True, timeout=300)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["restored"] and r["frozen"] for r in ranks)
+    assert ranks[0]["extra"] == ranks[1]["extra"] and any(ranks[0]["extra"])  # in DDP's buckets: kept in sync
+    with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
+        norms = [float(r["surgery/grads/net.2.weight/norm"]) for r in csv.DictReader(f)]
+    assert len(norms) == 2 and max(norms) <= MAX_NORM
+
+
+def test_the_documented_hydra_callbacks_entry_instantiates() -> None:
+    """docs/training.md's callbacks entries, as lightning-hydra-template's train.py instantiates them."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    by_name = instantiate(
+        OmegaConf.create(
+            "surgery:\n  _target_: surgery.integrations.lightning.SurgeryCallback\n  actions: clip_grads\n"
+            "  stage: fit\n  log_every_n_steps: 2\n"
+        )
+    )["surgery"]
+    inline = instantiate(
+        OmegaConf.create(
+            "_target_: surgery.integrations.lightning.SurgeryCallback\n_recursive_: false\nactions:\n"
+            "  watch: {kind: capture, type: ReLU, reduce: stats}\n"
+            "  gelu: {kind: replace_module, type: ReLU, with: {_target_: torch.nn.GELU}}\n"
+        )
+    )
+    for callback in (by_name, inline):
+        assert isinstance(callback, SurgeryCallback)
+    assert by_name.log_every_n_steps == 2
+    model = Regressor()
+    run = inline._run
+    run.apply(model)
+    assert type(model.net[1]).__name__ == "GELU"  # built by surgery from the recipe, not by Hydra beforehand
+    run.remove()
+    assert type(model.net[1]).__name__ == "ReLU"
