@@ -20,21 +20,12 @@ from omegaconf.errors import OmegaConfBaseException
 from surgery.core.schema_actions import (  # re-exported: the action schemas live there
     FORWARD_FNS,
     GRAD_OPS,
-    INIT_KEYS,
-    INIT_METHODS,
-    NONLINEARITIES,
     OP_NEEDS,
     TENSOR_OPS,
     Action,
-    AddBufferAction,
-    AddParameterAction,
-    AddTensorAction,
     CaptureAction,
     CaptureGradAction,
     FieldError,
-    FreezeAction,
-    InitAction,
-    InitSpec,
     LogAction,
     ModifyAction,
     ModifyGradAction,
@@ -45,6 +36,17 @@ from surgery.core.schema_actions import (  # re-exported: the action schemas liv
     field_name,
     one_of,
     yaml_key,
+)
+from surgery.core.schema_params import (  # re-exported: the parameter-level schemas live there
+    INIT_KEYS,
+    INIT_METHODS,
+    NONLINEARITIES,
+    AddBufferAction,
+    AddParameterAction,
+    AddTensorAction,
+    FreezeAction,
+    InitAction,
+    InitSpec,
 )
 from surgery.errors import ConfigError, did_you_mean
 
