@@ -11,7 +11,7 @@ from torch import nn
 
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
-from surgery.data.metrics import Scores, check_metrics, metrics_dict
+from surgery.data.metrics import Metric, Scores, check_metrics, metrics_dict
 from surgery.errors import ConfigError
 
 
@@ -54,7 +54,7 @@ def evaluate(
     model: nn.Module,
     data: Iterable[Any],
     actions: Any = None,
-    metrics: Sequence[str] | None = ("accuracy", "loss"),
+    metrics: Sequence[str | Metric] | None = ("accuracy", "loss"),
     *,
     device: torch.device | str | None = None,
     on_batch: Callable[[int], None] | None = None,
@@ -83,7 +83,7 @@ def evaluate(
 def _run(
     model: nn.Module,
     plan: Plan | None,
-    names: Sequence[str],
+    names: Sequence[str | Metric],
     batches: Iterator[Any],
     device: torch.device | str | None,
     on_batch: Callable[[int], None] | None,

@@ -22,12 +22,16 @@ Batch = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], tuple[floa
 
 @dataclass(frozen=True)
 class Metric:
-    """A mean over examples: ``batch(logits, labels, reference)`` gives this batch's (sum, count)."""
+    """A mean over examples: ``batch(logits, labels, reference)`` gives this batch's (sum, count).
+
+    ``finish`` maps the final mean to the reported value (perplexity: ``math.exp`` of the mean NLL).
+    """
 
     name: str
     doc: str
     labels: bool  # needs labels
     batch: Batch
+    finish: Callable[[float], float] | None = None
 
 
 METRICS: Registry[Metric] = Registry("metric")
@@ -35,11 +39,13 @@ DEFAULT_LABELLED = ("accuracy", "loss", "agreement", "kl")
 DEFAULT_UNLABELLED = ("agreement", "kl")
 
 
-def metric(name: str, doc: str, labels: bool) -> Callable[[Batch], Batch]:
+def metric(
+    name: str, doc: str, labels: bool, finish: Callable[[float], float] | None = None
+) -> Callable[[Batch], Batch]:
     """Register ``fn`` as metric ``name``."""
 
     def register(fn: Batch) -> Batch:
-        METRICS.register(name)(Metric(name, doc, labels, fn))
+        METRICS.register(name)(Metric(name, doc, labels, fn, finish))
         return fn
 
     return register
@@ -93,15 +99,21 @@ def _kl(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tens
     return float(kl), len(z)
 
 
-def check_metrics(names: Iterable[str] | None, labelled: bool, where: str = "metrics") -> tuple[str, ...]:
-    """The metric names to compute (the default for the data when None); unknown or label-less ones refused."""
+def check_metrics(
+    names: Iterable[str | Metric] | None, labelled: bool, where: str = "metrics"
+) -> tuple[str | Metric, ...]:
+    """The metrics to compute (the default for the data when None); unknown or label-less ones refused.
+
+    An entry is a registered name or a Metric bound to options (``surgery.lm.metrics.logit_diff``).
+    """
     if names is None:
         return DEFAULT_LABELLED if labelled else DEFAULT_UNLABELLED
     if isinstance(names, str) or not isinstance(names, Iterable):
         raise ConfigError(f"{where}: a list of metric names, e.g. [accuracy, loss]; got {names!r}")
-    chosen = tuple(str(n) for n in names)
-    for i, name in enumerate(chosen):
-        found = METRICS.get(name, f"{where}[{i}]")
+    chosen = tuple(n if isinstance(n, Metric) else str(n) for n in names)
+    for i, entry in enumerate(chosen):
+        found = entry if isinstance(entry, Metric) else METRICS.get(entry, f"{where}[{i}]")
+        name = found.name
         if found.labels and not labelled:
             raise ConfigError(
                 f"{where}[{i}]: {name!r} needs labels and this input has none; use agreement or kl,"
@@ -111,12 +123,15 @@ def check_metrics(names: Iterable[str] | None, labelled: bool, where: str = "met
 
 
 class Scores:
-    """Running (sum, count) per metric for one model; ``result()`` gives the means."""
+    """Running (sum, count) per metric for one model; ``result()`` gives the means.
 
-    def __init__(self, names: Sequence[str]) -> None:
-        self.metrics = [METRICS.get(n) for n in names]
-        self.sums = dict.fromkeys(names, 0.0)
-        self.counts = dict.fromkeys(names, 0)
+    ``names`` are registered names, or Metric objects bound to options (``surgery.lm.metrics.logit_diff``).
+    """
+
+    def __init__(self, names: Sequence[str | Metric]) -> None:
+        self.metrics = [n if isinstance(n, Metric) else METRICS.get(n) for n in names]
+        self.sums = dict.fromkeys((m.name for m in self.metrics), 0.0)
+        self.counts = dict.fromkeys((m.name for m in self.metrics), 0)
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> None:
         """Add one batch."""
@@ -126,8 +141,12 @@ class Scores:
             self.counts[m.name] += count
 
     def result(self) -> dict[str, float]:
-        """Each metric's mean over every example seen (NaN before any)."""
-        return {n: self.sums[n] / self.counts[n] if self.counts[n] else float("nan") for n in self.sums}
+        """Each metric's mean over every example seen, through its ``finish`` if any (NaN before any)."""
+        out = {}
+        for m in self.metrics:
+            mean = self.sums[m.name] / self.counts[m.name] if self.counts[m.name] else float("nan")
+            out[m.name] = m.finish(mean) if m.finish is not None and self.counts[m.name] else mean
+        return out
 
 
 def metrics_dict(surgered: Mapping[str, float] | None, unmodified: Mapping[str, float]) -> dict[str, Any]:

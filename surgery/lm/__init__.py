@@ -1,0 +1,1 @@
+"""Language models: local Hugging Face directories, text prompts, generation under a surgery, LM metrics."""
