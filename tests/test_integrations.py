@@ -65,6 +65,9 @@ class Regressor(pl.LightningModule):
         self.validated += 1  # its batches pass the capture hooks too; they must stay out of the training window
         self(batch[0] * 3)
 
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self(batch[0])
+
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         self.grad_norms.append(torch.linalg.vector_norm(self.net[2].weight.grad.double()).item())
 
@@ -363,3 +366,36 @@ def test_the_documented_hydra_callbacks_entry_instantiates() -> None:
     assert type(model.net[1]).__name__ == "GELU"  # built by surgery from the recipe, not by Hydra beforehand
     run.remove()
     assert type(model.net[1]).__name__ == "ReLU"
+
+
+def test_test_stage_logs_each_batch_and_leaves_fit_alone(tmp_path: Path) -> None:
+    model = Regressor()
+    before = hooks_of(model)
+    callback = SurgeryCallback({"out": {"kind": "capture", "select": "net.2"}}, stage="test", log_every_n_steps=1)
+    trainer = trainer_for(tmp_path, callback)
+    trainer.fit(model, DataLoader(data(), batch_size=4))
+    assert callback.surgery is None  # a test-stage recipe is not applied while fitting
+    trainer.test(model, DataLoader(data(), batch_size=8))
+    assert hooks_of(model) == before
+    with torch.no_grad():
+        outputs = [model(x).double() for x, _ in DataLoader(data(), batch_size=8)]
+    rows = [r for r in metrics_rows(trainer.logger) if r.get("surgery/out/net.2/norm")]
+    as_logged = lambda v: torch.tensor(v, dtype=torch.float32).item()  # noqa: E731
+    assert [float(r["surgery/out/net.2/norm"]) for r in rows] == [as_logged(o.norm().item()) for o in outputs]
+
+
+def test_trainer_refuses_added_parameters_across_processes() -> None:
+    """Several processes: the Trainer wrapped the model before on_train_begin, so added parameters would drift."""
+    transformers = pytest.importorskip("transformers")
+    from surgery.integrations.hf import SurgeryTrainerCallback
+
+    model = HFRegressor()
+    before = hooks_of(model)
+    args = type("Args", (), {"world_size": 2})()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    callback = SurgeryTrainerCallback(RECIPE)
+    with pytest.raises(ConfigError, match=r"actions \['add_bias'\] add parameters, but the Trainer wrapped the model"):
+        callback.on_train_begin(
+            args, transformers.TrainerState(), transformers.TrainerControl(), model=model, optimizer=optimizer
+        )
+    assert hooks_of(model) == before and callback.surgery is not None and not callback.surgery.active
