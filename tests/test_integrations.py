@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import csv
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -317,15 +321,10 @@ json.dump(result, open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w"))
 
 
 @pytest.mark.skipif(
-    not __import__("os").environ.get("SURGERY_DDP_TEST"),
+    not os.environ.get("SURGERY_DDP_TEST"),
     reason="two gloo processes take ~1 min on a loaded 2-core machine; SURGERY_DDP_TEST=1 runs it",
 )
 def test_lightning_ddp_two_processes(tmp_path: Path) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parent.parent
     script = tmp_path / "ddp_run.py"
     script.write_text(DDP_RUN)
