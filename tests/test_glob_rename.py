@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from surgery.core.globs import _qualified_names, glob_rename
+from surgery.core.globs import _cachedglob_regex, _qualified_names, glob_rename
 from surgery.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def fresh_glob_cache() -> None:
+    """Compile every glob afresh in each test: with the cache warm, mutation testing never saw a test reach it."""
+    _cachedglob_regex.cache_clear()
+
 
 RENAMES = [
     # (old, new, name, renamed or None when old does not match)

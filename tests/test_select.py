@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from surgery.core.globs import ROOT, compile_globs, type_matcher
+from surgery.core.globs import ROOT, _cachedglob_regex, compile_globs, type_matcher
 from surgery.core.select import (
     ModuleIndex,
     Target,
@@ -22,6 +22,13 @@ from surgery.core.select import (
     select_params,
 )
 from surgery.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def fresh_glob_cache() -> None:
+    """Compile every glob afresh in each test: with the cache warm, mutation testing never saw a test reach it."""
+    _cachedglob_regex.cache_clear()
+
 
 NAMES = [
     "<root>",
