@@ -36,6 +36,8 @@ RENAMES = [
     ("*.*.w", "*.*.v", "a.b.w", "a.b.v"),  # in order
     ("fixed.w", "other.v", "fixed.w", "other.v"),  # no wildcards
     ("fixed.w", "other.v", "fixed.wx", None),
+    ("xx.**", "yy.**", "xx", "yy"),  # only the one dot goes, not more of the literal
+    ("module.**", "**", "module.X.Y", "X.Y"),  # a '**' capture loses its dots only
 ]
 
 
@@ -79,3 +81,17 @@ def test_bracket_specials_match_like_fnmatch(pattern: str) -> None:
     matches = compile_globs([pattern], "w")
     for name in ["]", "a", "b", "c", "d", "^", "-", "!", "$", "\\", "x"]:
         assert matches(name) == fnmatchcase(name, pattern), (pattern, name)
+
+
+def test_glob_rename_names_the_key_for_a_bad_old_glob() -> None:
+    with pytest.raises(ConfigError, match=r"^actions\.r\.rename: unclosed '\[' in glob 'a\.\[b'"):
+        glob_rename("a.[b", "c.[b", "actions.r.rename")
+
+
+def test_type_matcher_takes_one_pattern_as_a_string() -> None:
+    from torch import nn
+
+    from surgery.core.globs import type_matcher
+
+    matches = type_matcher("ReLU", "w")
+    assert matches(nn.ReLU) and not matches(nn.GELU)
