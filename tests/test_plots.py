@@ -125,8 +125,9 @@ def composed(*overrides: str):
 
 def test_report_md_of_a_full_run(tmp_path: Path) -> None:
     cfg = composed(
-        "+model=cnn", "+actions=[linearize,capture_block3]", "+actions.capture_block3.plot=true", "backward=true"
-    )
+        "+model=cnn", "+input=random", "+actions=[linearize,capture_block3]", "+actions.capture_block3.plot=true",
+        "backward=true",
+    )  # fmt: skip
     report = run_job(cfg, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert text.startswith("# surgery run: CNN — linearize, capture_block3")

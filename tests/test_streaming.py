@@ -29,8 +29,9 @@ def test_disk_capture_writes_one_shard_per_batch_with_every_batchs_tensors(tmp_p
     names = [f"layers.{i}.fc" for i in range(3)] + ["head"]
     assert set(shards[0]) == {f"capture/{name}/output" for name in names}
     job = prepared("+model=mlp", "+input.batches=3")  # each batch's tensors, by hand-written hooks
+    inputs = [batch for batch, _ in job.data]
     for batch, shard in enumerate(shards):
-        want = outputs_of(job.model, names, job.batch_inputs(batch))
+        want = outputs_of(job.model, names, inputs[batch])
         assert all(torch.equal(shard[f"capture/{name}/output"], want[name]) for name in names), batch
     # batch 0 is the run's own input; later batches are different inputs
     assert not torch.equal(shards[0]["capture/head/output"], shards[1]["capture/head/output"])
@@ -119,6 +120,7 @@ def test_a_200_batch_disk_capture_stays_within_about_one_batch_of_memory(tmp_pat
     # every conv/linear output of 32 images is ~1.4 MiB a batch: 200 batches would be ~280 MiB in memory
     common = [
         "+model=cnn",
+        "+input=random",
         "+actions=capture",
         "+actions.capture.to=disk",
         "model.input.shape=[32,1,28,28]",

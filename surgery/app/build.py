@@ -54,6 +54,10 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
+    if isinstance(model_cfg, DictConfig):
+        missing = sorted(str(k) for k in model_cfg if OmegaConf.is_missing(model_cfg, str(k)))
+        if missing:
+            raise ConfigError(f"model.{missing[0]}: required by this model config; give model.{missing[0]}=VALUE")
     node = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
     if not isinstance(node, dict) or "_target_" not in node:
         raise ConfigError("model: needs a _target_ (the class to build), e.g. +model=cnn")

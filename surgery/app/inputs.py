@@ -73,7 +73,7 @@ def make_inputs(
         top, left = (side - h) // 2, (side - w) // 2  # centre crop for a non-square input
         image = render_digit(digit, size=side, seed=seed + batch)[..., top : top + h, left : left + w]
         return (image.expand(n, c, h, w).contiguous().to(device=device, dtype=dtype),)
-    raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, digit, file")
+    raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, digit, file, dataset")
 
 
 def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:

@@ -22,7 +22,7 @@ import torch
 
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
 
-CNN = ("+model=cnn",)
+CNN = ("+model=cnn", "+input=random")  # random inputs: the rows test refusals, not the digits data set
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ def act(case_id: str, where: str, fragments: tuple[str, ...] | str, action: dict
 def run(case_id: str, where: str, fragments: tuple[str, ...] | str, *overrides: str, **kw: Any) -> Case:
     """An overrides row (run settings, model, inputs, shipped recipes)."""
     fragments = (fragments,) if isinstance(fragments, str) else fragments
+    if any(o.startswith("+input=") for o in overrides if o != "+input=random"):  # a row's own input kind wins
+        overrides = tuple(o for o in overrides if o != "+input=random")
     return Case(case_id, where, fragments, overrides=overrides, **kw)
 
 
@@ -256,6 +258,13 @@ CASES: list[Case] = [
         {"kind": "modify_grad", "select": "block1", "op": "expr", "expr": "x * 0"}),
     act("expr_out_keyword", "expr", ("keyword 'out' is not allowed",),
         {"kind": "replace_forward", "type": "ReLU", "expr": "relu(x, out=x)"}),
+    act("expr_not", "expr", ("'not output'", "'not' does not work on tensors; use ~"),
+        {"kind": "modify_output", "select": "block1", "op": "expr", "expr": "not output"}),
+    act("expr_expand_literal_huge", "expr", ("100,000,000,000 elements are more than 68,719,476,736",),
+        {"kind": "replace_forward", "type": "ReLU", "expr": "x.flatten()[0].expand(10**11).sum() + x"}),
+    act("expr_grows_past_bound", "expr", ("failed: it would create a tensor of 1,073,741,824 elements, more than",),
+        {"kind": "modify_output", "select": "block1", "op": "expr", "expr": "output.flatten()[0].expand(2**30).sum()"},
+        error=ActionError, at="forward"),
     act("index_not_literal", "index", ("only integers",),
         {"kind": "modify_output", "select": "block1", "op": "zero", "index": "[x]"}),
     act("index_negative_step", "index", ("slice steps must be positive",),
@@ -282,9 +291,30 @@ CASES: list[Case] = [
         at="forward"),
     act("expr_not_a_tensor", "expr", ("'1'", "int", "tensor"),
         {"kind": "replace_forward", "select": "block1.act", "expr": "1"}, error=ActionError, at="forward"),
-    act("from_without_patch", "from", ("only op 'patch' takes from", "'add'"),
+    act("from_on_zero", "from", ("only ops add, mul, set, patch take from", "'zero'"),
+        {"kind": "modify_output", "select": "block3", "op": "zero",
+         "from": {"file": "captures.safetensors", "key": "capture_block3/block3/output"}}),
+    act("from_and_value", "from", ("op 'add' takes value or from, not both",),
         {"kind": "modify_output", "select": "block3", "op": "add", "value": 1,
          "from": {"file": "captures.safetensors", "key": "capture_block3/block3/output"}}),
+    act("from_capture_missing", "from.capture", ("no capture action 'clean' is listed before this one",),
+        {"kind": "modify_output", "select": "block3", "op": "patch", "from": {"capture": "clean"}}),
+    act("from_capture_what", "from.what", ("'inputs' is not one of input, output", "Did you mean 'input'"),
+        {"kind": "modify_output", "select": "block3", "op": "set", "from": {"capture": "c", "what": "inputs"}}),
+    act("from_capture_reduce", "from.reduce", ("'stats' is not one of none, mean",),
+        {"kind": "modify_output", "select": "block3", "op": "set", "from": {"capture": "c", "reduce": "stats"}}),
+    act("capture_keep_typo", "keep", ("'first' is not one of all, last",),
+        {"kind": "capture", "select": "block1", "keep": "first"}),
+    act("capture_always_output", "always", ("add input to what",),
+        {"kind": "capture", "select": "block1", "always": True}),
+    act("capture_keep_reduce", "keep", ("reduce: mean keeps running statistics, not calls",),
+        {"kind": "capture", "select": "block1", "keep": "last", "reduce": "mean"}),
+    act("capture_detach_disk", "detach", ("records written to disk hold no graph",),
+        {"kind": "capture", "select": "block1", "detach": False, "to": "disk"}),
+    act("capture_stop_root", "stop", ("select a module inside it",),
+        {"kind": "capture", "select": "<root>", "stop": True}),
+    act("capture_index_misfit", "index", ("does not fit the output of 'block1'",),
+        {"kind": "capture", "select": "block1", "index": "[:, :, :, :, 0]"}),
     act("patch_from_string", "from", ("needs {file: PATH, key: ACTION/MODULE/WHAT}",),
         {"kind": "modify_output", "select": "block3", "op": "patch", "from": "captures.safetensors"}),
     act("forward_fn_typo", "fn", ("'identiy' is not one of", "Did you mean 'identity'?"),
@@ -377,7 +407,7 @@ CASES: list[Case] = [
     run("input_key_missing", "input.key", ("'img' is not in 'digit.safetensors'", "keys: image"), *CNN,
         "+actions=linearize", "+input=file", "input.path=digit.safetensors", "input.key=img", files="input_dict"),
     run("input_kind", "input.kind", ("'noise' is not one of random, tokens",), *CNN, "+actions=linearize",
-        "+input.kind=noise"),
+        "input.kind=noise"),
     run("input_unknown_key", "input.shap", ("unknown key", "shape"), *CNN, "+actions=linearize", "+input.shap=[1]"),
     run("input_shape_negative", "input.shape", ("non-negative ints", "-1"), *CNN, "+actions=linearize",
         "model.input.shape=[2,-1,28,28]"),
@@ -397,10 +427,24 @@ CASES: list[Case] = [
     run("run_setting_without_plus", "sede", ("Could not override 'sede'",), *CNN, "sede=3", hydra=True),
     run("model_target_typo", "model", ("cannot build 'surgery.models.cnn.CNNN'", "no attribute 'CNNN'"), *CNN,
         "model._target_=surgery.models.cnn.CNNN"),
-    run("model_bad_argument", "model", ("cannot build 'surgery.models.cnn.CNN'", "depth"), *CNN, "+model.depth=3"),
+    run("model_bad_argument", "model", ("cannot build 'surgery.models.cnn.digits_cnn'", "depth"), *CNN, "+model.depth=3"),
     run("model_bad_value", "model", ("activation must be one of",), *CNN, "model.activation=swish"),
     run("model_safe_target", "model._target_", ("refused because safe=true",), *CNN, "safe=true",
         "model._target_=collections.OrderedDict"),
+    # ------------------------------------------------------------ calls, prepend, what, function (issue 16)
+    act("calls_never_match", "calls", ("'5:5' can never match",), {"kind": "capture", "select": "block1.conv", "calls": "5:5"}),
+    act("calls_negative", "calls", ("negative number cannot be known",),
+        {"kind": "log", "select": "block1.conv", "calls": "-1:"}),
+    act("grad_what_unknown", "what", ("'grad_outpt' is not one of grad_input, grad_output",),
+        {"kind": "modify_grad", "select": "block1.conv", "op": "zero", "what": "grad_outpt"}),
+    act("prepend_on_param", "prepend", ("drop prepend when param is set",),
+        {"kind": "modify_grad", "select": "block1.conv", "param": "weight", "op": "zero", "prepend": True}),
+    act("function_unknown", "function", ("'softmx' is not one of", "Did you mean 'softmax'"),
+        {"kind": "capture", "select": "block1.conv", "function": "softmx"}),
+    act("function_on_modify_input", "function", ("modify_input acts before the forward runs",),
+        {"kind": "modify_input", "select": "block1.conv", "op": "zero", "function": "softmax"}),
+    act("einsum_equation", "expr", ("the equation names 2 operand(s), the call gives 1",),
+        {"kind": "replace_forward", "select": "block1.conv", "expr": "einsum('ij,jk->ik', x)"}),
     # ------------------------------------------------------------ run settings
     run("mode_unknown", "mode", ("'train' is not one of run, plan, modules",), *CNN, "mode=train"),
     run("mode_typo", "mode", ("'plans' is not one of", "Did you mean 'plan'?"), *CNN, "mode=plans"),
