@@ -71,7 +71,10 @@ def test_qualified_names_are_every_package_prefix() -> None:
     assert _qualified_names(Local) == [f"pkg.{qual}", f"pkg.sub.{qual}", f"pkg.sub.mod.{qual}"]
 
 
-@pytest.mark.parametrize("pattern", ["[]a]", "[!]a]", "[^a]", "[a-c]", "[!a-c]", "[-a]", "[a-]", "[!!]", "[$]", "[\\]"])
+@pytest.mark.parametrize(
+    "pattern",
+    ["[]a]", "[!]a]", "[]]", "[!]]", "[^a]", "[a-c]", "[!a-c]", "[-a]", "[a-]", "[!!]", "[$]", "[\\]", "[a]-[]c]"],
+)
 def test_bracket_specials_match_like_fnmatch(pattern: str) -> None:
     """Inside [ ], ']' first, '^', '-' at either end and regex specials are literal characters, as in fnmatch."""
     from fnmatch import fnmatchcase
@@ -79,7 +82,7 @@ def test_bracket_specials_match_like_fnmatch(pattern: str) -> None:
     from surgery.core.globs import compile_globs
 
     matches = compile_globs([pattern], "w")
-    for name in ["]", "a", "b", "c", "d", "^", "-", "!", "$", "\\", "x"]:
+    for name in ["]", "a", "b", "c", "d", "^", "-", "!", "$", "\\", "x", "a-c", "a-]", "a]c", "a-c]"]:
         assert matches(name) == fnmatchcase(name, pattern), (pattern, name)
 
 
