@@ -111,7 +111,12 @@ ACCEPTED = [
     ("x.sum().item()", "affine", lambda e: e.x.sum().item()),
     ("x.argmax(dim=-1)", "affine", lambda e: e.x.argmax(dim=-1)),
     ("pow(x, 2) + square(x) + erf(x)", "affine", lambda e: 2 * e.x**2 + torch.erf(e.x)),
-    ("not False", "affine", lambda e: True),
+    ("x[[0, 2]] + x[x > 0].sum()", "affine", lambda e: e.x[[0, 2]] + e.x[e.x > 0].sum()),
+    ("x[(x > 0) * 1, 1:]", "affine", lambda e: e.x[(e.x > 0) * 1, 1:]),
+    ("x.flatten()[:, None] * output.flatten()", "affine", lambda e: e.x.flatten()[:, None] * e.output.flatten()),
+    ("x[:, x.shape[1] // 2]", "affine", lambda e: e.x[:, 2]),
+    ("module.W.expand(3, -1) * x < output", "affine", lambda e: e.module.W.expand(3, -1) * e.x < e.output),
+    ("x.max(output) + x.abs().pow(output)", "affine", lambda e: e.x.max(e.output) + e.x.abs().pow(e.output)),
     ("x // 0.5 + x % 0.5", "affine", lambda e: e.x // 0.5 + e.x % 0.5),
     ("+x - -output", "affine", lambda e: e.x + e.output),
     ("(x > 0) ^ (output > 0)", "affine", lambda e: (e.x > 0) ^ (e.output > 0)),
@@ -205,6 +210,20 @@ REFUSED = [
     ("x.mean()()", "x.mean()()"),
     ("(x.T)(1)", "(x.T)(1)"),
     ("x and x", "x and x"),
+    ("not x", "'not' does not work on tensors; use ~"),
+    ("not False", "'not' does not work on tensors; use ~"),
+    ("x.flatten()[0].expand(10**11).sum()", "100,000,000,000 elements are more than 68,719,476,736"),
+    ("x.expand((2**20, 2**20))", "1,099,511,627,776 elements are more than"),
+    ("x.repeat(10**6)", "unknown tensor method '.repeat()'"),
+    ("x.new_zeros(10**6)", "unknown tensor method '.new_zeros()'"),
+    ("x.tile(10**6)", "unknown tensor method '.tile()'"),
+    ("x.repeat_interleave(10**6)", "unknown tensor method '.repeat_interleave()'"),
+    ("x.broadcast_to((10**6,))", "unknown tensor method '.broadcast_to()'"),
+    ("zeros(10**6)", "unknown function 'zeros'"),
+    ("ones(10**6)", "unknown function 'ones'"),
+    ("full((10**6,), 1.0)", "unknown function 'full'"),
+    ("arange(10**11)", "unknown function 'arange'"),
+    ("broadcast_to(x, (10**6,))", "unknown function 'broadcast_to'"),
     ("x or 1", "x or 1"),
     ("x is None", "x is None"),
     ("x in x", "x in x"),
@@ -342,7 +361,29 @@ RUNTIME_REFUSED = [
     ("module.inner.weight.data", "affine", "tensors have no readable '.data'"),
     ("x.shape * 3", "affine", "repeating a tuple or list"),
     ("x.numel() ** 65", "affine", "exponent 65 is larger than 64"),
+    *(
+        (text, "affine", fragment)
+        for text, fragment in [
+            ("x[0, 0].expand(10**9).sum()", "a tensor of 1,000,000,000 elements, more than the 16,777,216"),
+            ("x[0, 0].expand(BIG)[:, None] * x[0, 0].expand(BIG)", "a tensor of 1,099,511,627,776"),
+            ("x[0, 0].expand(BIG)[:, None] > x[0, 0].expand(BIG)", "a tensor of 1,099,511,627,776"),
+            ("x[0, 0].expand(BIG)[:, None] @ x[0, 0].expand(BIG)[None]", "a tensor of 1,099,511,627,776"),
+            (
+                "x[0, 0].expand(BIG)[:, None].matmul(x[0, 0].expand(1, BIG))",
+                "a tensor of 1,099,511,627,776",
+            ),
+            ("linear(x[0, 0].expand(BIG, 1), x[0, 0].expand(BIG, 1))", "a tensor of 1,099,511,627,776"),
+            ("where(x[0, 0].expand(BIG)[:, None] > 0, x[0, 0].expand(BIG), 0.0)", "1,099,511,627,776"),
+            ("maximum(x[0, 0].expand(BIG)[:, None], x[0, 0].expand(BIG))", "1,099,511,627,776"),
+            ("x[0, 0].expand(BIG)[:, None].clamp(x[0, 0].expand(BIG))", "1,099,511,627,776"),
+            ("cat([x[0, 0].expand(2**24), x[0, 0].expand(2**24)])", "a tensor of 33,554,432 elements"),
+            ("stack([x[0, 0].expand(2**24), x[0, 0].expand(2**24)])", "a tensor of 33,554,432 elements"),
+            ("x[0, 0].expand(2**12, 2**12)[(x[0, 0].expand(2**13) > 1e9) * 1]", "33,554,432 elements"),
+            ("x[0, 0].expand(1, 2**24)[[0, 0]]", "a tensor of 33,554,432 elements"),
+        ]
+    ),  # fmt: skip
 ]
+RUNTIME_REFUSED = [(text.replace("BIG", "2**20"), module, fragment) for text, module, fragment in RUNTIME_REFUSED]
 
 
 @pytest.mark.parametrize(("text", "module", "fragment"), RUNTIME_REFUSED, ids=[case[0] for case in RUNTIME_REFUSED])
@@ -356,6 +397,21 @@ def test_runtime_refusal_is_action_error(text: str, module: str, fragment: str) 
     assert fragment in str(caught.value)
     for name, p in env["module"].named_parameters():
         assert torch.equal(p, before[name]), f"{name} changed"
+
+
+def test_the_element_bound_follows_the_largest_input_and_is_checked_before_allocating(monkeypatch) -> None:
+    """16 × the largest input (at least 2**24): 2**25 elements pass for an input of 2**21, not for one of 2**20."""
+    grow = compile_expr("x.flatten()[0].expand(2**25).sum()", WHERE)
+    assert grow(x=torch.ones(2**21)) == 2**25
+    assert grow.bind("x", "module")(torch.ones(1), nn.Linear(2**11, 2**10)) == 2**25  # the module's tensors count
+    with pytest.raises(ActionError, match="a tensor of 33,554,432 elements, more than the 16,777,216"):
+        grow(x=torch.ones(2**20))
+    # refused before torch is asked for the memory: no tensor op runs past the check
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "sum", lambda *a, **k: calls.append(a))
+    with pytest.raises(ActionError):
+        compile_expr("(x[:, None] * x).sum()", WHERE)(x=torch.ones(2**13))
+    assert calls == []
 
 
 def test_missing_variable_is_named() -> None:

@@ -70,6 +70,7 @@ GRAMMAR = [
 REFUSED = [
     ("`a if c else b`", ["x if x > 0 else 0"], "Python picks one branch for the whole tensor; use `where(c, a, b)`."),
     ("`and`, `or`", ["x > 0 and x < 1"], "they ask a tensor for one truth value; use `&` and `|`."),
+    ("`not`", ["not x", "not (x > 0)"], "it asks a tensor for one truth value; use `~`, e.g. `~(x > 0)`."),
     ("chained comparisons", ["0 < x < 1"], "an `and` in disguise; write `(0 < x) & (x < 1)`."),
     ("`is`, `is not`, `in`, `not in`", ["x is None", "x in x"], "not tensor operations; use `== != < <= > >=`."),
     ("shifts `<<`, `>>`", ["x << 2"], "they grow numbers without bound."),

@@ -200,7 +200,22 @@ def render_expressions() -> str:
         refusal(expr.compile_expr, "x.__class__.__mro__", "actions.act.expr"),
         "```",
         "",
-        "Where `expr` is not enough, `fn: pkg.module:function` calls Python (refused under `safe=true`).",
+        "Where `expr` is not enough, `fn: pkg.module:function` calls Python (under `safe=true`, only the",
+        "allowlisted callables of [behaviour.md](behaviour.md#custom-code)).",
+        "",
+        "No expression can make tensors without bound. Every value it creates has at most",
+        f"max({expr_runtime.GROWTH} × N, {expr_runtime.MIN_ELEMENTS:,}) elements, and never more than"
+        f" {expr_runtime.MAX_ELEMENTS:,},",
+        "N being the element count of the largest tensor it is given (its variables and the hooked module's",
+        "own parameters and buffers). What can make more elements than its operands is checked before it",
+        "allocates: `expand`, broadcasting in arithmetic and comparisons, `@`, `matmul`, `linear`, `cat`,",
+        "`stack`, `where`, `maximum`, `minimum`, `pow`, `clamp`, `.max`/`.min` of two tensors, and indexing",
+        "with tensors or lists. Past the bound the hook fails with an error naming the action and the",
+        "expression; literal sizes past the ceiling are refused when the plan is compiled:",
+        "",
+        "```",
+        refusal(expr.compile_expr, "x.flatten()[0].expand(10**11).sum()", "actions.act.expr"),
+        "```",
         "",
     ]
     body = expression_places() + expression_grammar() + expression_allowlists() + index_language()

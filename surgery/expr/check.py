@@ -29,7 +29,10 @@ from surgery.errors import ActionError, ConfigError, did_you_mean
 from surgery.expr.runtime import (
     FUNCTIONS,
     GLOBALS,
+    MAX_ELEMENTS,
     NUMBER_TYPES,
+    SIZED_FUNCTIONS,
+    SIZED_METHODS,
     TENSOR_ATTRIBUTES,
     TENSOR_METHODS,
     is_real,
@@ -68,6 +71,26 @@ _FOLDS: dict[type[ast.AST], Callable[..., Any]] = {
 
 def _helper_call(helper: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
     return ast.copy_location(ast.Call(ast.Name(helper, ast.Load()), args, []), like)
+
+
+def _sized(operator_name: str, left: ast.expr, right: ast.expr, like: ast.AST) -> ast.Call:
+    """``_binary(_env, OP, left, right)``: a binary operation whose broadcast is bounded when it runs."""
+    return _helper_call(
+        "_binary", [ast.Name("_env", ast.Load()), ast.Name(operator_name, ast.Load()), left, right], like
+    )
+
+
+def _slice_call(part: ast.expr) -> ast.expr:
+    """An index part as a plain expression: ``a:b:c`` becomes ``_slice(a, b, c)``."""
+    if not isinstance(part, ast.Slice):
+        return part
+    bounds = [ast.Constant(None) if p is None else p for p in (part.lower, part.upper, part.step)]
+    return ast.Call(ast.Name("_slice", ast.Load()), bounds, [])
+
+
+def _literal(node: ast.expr) -> int | None:
+    """The value of an int literal (folded, so ``-1`` and ``10**11`` count), else None."""
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
 
 
 def _on_module(node: ast.expr) -> bool:
@@ -145,6 +168,8 @@ class _Checker(ast.NodeTransformer):
         raise self.refuse(node, f"unknown name {name!r}.{hint} Variables: {allowed}")
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        if isinstance(node.op, ast.Not):
+            raise self.refuse(node, "'not' does not work on tensors; use ~, e.g. ~(x > 0) (logical_not)")
         node.operand = self.visit(node.operand)
         if type(node.op) in _FOLDS and _is_number(node.operand):
             return self.fold(node)
@@ -157,6 +182,8 @@ class _Checker(ast.NodeTransformer):
         node.left, node.right = self.visit(node.left), self.visit(node.right)
         if op in _FOLDS and _is_number(node.left) and _is_number(node.right):
             return self.fold(node)
+        if not (_is_number(node.left) or _is_number(node.right)):  # two values: broadcasting may grow them
+            return _sized(f"_op_{op.__name__}", node.left, node.right, node)
         if _makes_tensor(node.left) or _makes_tensor(node.right):
             return node  # a tensor on either side: neither repetition nor a huge number can come of it
         if op is ast.Pow:
@@ -182,6 +209,8 @@ class _Checker(ast.NodeTransformer):
             raise self.refuse(node, "'is' and 'in' are not allowed; compare with == != < <= > >=")
         node.left = self.visit(node.left)
         node.comparators = [self.visit(node.comparators[0])]
+        if not (_is_number(node.left) or _is_number(node.comparators[0])):
+            return _sized(f"_op_{type(node.ops[0]).__name__}", node.left, node.comparators[0], node)
         return node
 
     def visit_Subscript(self, node: ast.Subscript) -> Any:
@@ -192,7 +221,15 @@ class _Checker(ast.NodeTransformer):
             node.slice.elts = [self.check_index_part(part) for part in node.slice.elts]
         else:
             node.slice = self.check_index_part(node.slice)
-        return node
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if all(isinstance(part, (ast.Slice, ast.Constant)) for part in parts):
+            return node  # numbers, slices, None and ...: a view, never more elements
+        index = (
+            ast.Tuple([_slice_call(p) for p in parts], ast.Load())
+            if isinstance(node.slice, ast.Tuple)
+            else (_slice_call(node.slice))
+        )
+        return _helper_call("_index", [ast.Name("_env", ast.Load()), node.value, index], node)
 
     def check_index_part(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant) and node.value is Ellipsis:
@@ -254,7 +291,33 @@ class _Checker(ast.NodeTransformer):
             if keyword.arg.startswith("_") or keyword.arg in _WRITING_KEYWORDS:
                 raise self.refuse(keyword, f"keyword {keyword.arg!r} is not allowed")
             keyword.value = self.visit(keyword.value)
+        if isinstance(func, ast.Attribute) and func.attr == "expand":
+            self.check_literal_sizes(node)
+        env = ast.Name("_env", ast.Load())
+        if isinstance(func, ast.Name) and func.id in SIZED_FUNCTIONS:  # may make more elements than it is given
+            node.args = [env, ast.Name(func.id, ast.Load()), ast.Constant(func.id), *node.args]
+            node.func = ast.Name("_sized_call", ast.Load())
+        elif isinstance(func, ast.Attribute) and func.attr in SIZED_METHODS:
+            obj = node.func.args[0]  # type: ignore[attr-defined]
+            node.args = [env, obj, ast.Constant(func.attr), *node.args]
+            node.func = ast.Name("_sized_method", ast.Load())
         return node
+
+    def check_literal_sizes(self, node: ast.Call) -> None:
+        """Refuse ``.expand(...)`` to literal sizes past the absolute bound now, rather than when the hook runs."""
+        sizes = (
+            node.args[0].elts if len(node.args) == 1 and isinstance(node.args[0], (ast.Tuple, ast.List)) else node.args
+        )
+        values = [_literal(size) for size in sizes]
+        if not values or None in values:
+            return
+        count = 1
+        for value in values:
+            count *= max(value or 0, 1)
+        if count > MAX_ELEMENTS:
+            raise self.refuse(
+                node, f"{count:,} elements are more than {MAX_ELEMENTS:,}, the most an expression may ever create"
+            )
 
 
 # Tensor methods whose result is always a new tensor (or a number); any other may be a view of its tensor.
@@ -271,6 +334,9 @@ def _may_share_storage(node: ast.expr) -> bool:
         if isinstance(func, ast.Name):  # helpers and torch functions; only _mread and view attributes pass through
             if func.id == "_mread":
                 return True
+            if func.id in ("_index", "_sized_method"):  # a view of its tensor unless the method makes a new one
+                fresh = func.id == "_sized_method" and node.args[2].value in _FRESH_METHODS  # type: ignore[attr-defined]
+                return not fresh and _may_share_storage(node.args[1])
             if func.id == "_attr" and node.args[1].value in ("T", "mT"):  # type: ignore[attr-defined]
                 return _may_share_storage(node.args[0])
             return False
@@ -305,7 +371,7 @@ class Expr:
     >>> hook_fn = scale.bind("module", "inputs", "output")  # x is inputs[0]  # doctest: +SKIP
     """
 
-    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_bound")
+    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_sized", "_bound")
 
     def __init__(
         self, text: str, where: str, names: Collection[str], used: frozenset[str], body: ast.expr, reads: frozenset[str]
@@ -315,6 +381,8 @@ class Expr:
         self.module_reads = reads  # names read as module.NAME, so a plan can check each module has them
         self._body = body
         self._owns = _may_share_storage(body)  # copy the result: it may be the module's own tensor
+        # operations that may grow tensors get the arguments, to bound them by the largest (runtime.element_limit)
+        self._sized = any(isinstance(n, ast.Name) and n.id == "_env" for n in ast.walk(body))
         self._bound: dict[tuple[str, ...], Callable[..., Any]] = {}
 
     def bind(self, *params: str) -> Callable[..., Any]:
@@ -333,6 +401,9 @@ class Expr:
         if derive_x:
             first = ast.Subscript(ast.Name("inputs", ast.Load()), ast.Constant(0), ast.Load())
             statements.append(ast.Assign([ast.Name("x", ast.Store())], first))
+        if self._sized:
+            arguments = ast.Tuple([ast.Name(name, ast.Load()) for name in params], ast.Load())
+            statements.append(ast.Assign([ast.Name("_env", ast.Store())], arguments))
         value = _helper_call("_owned", [self._body], self._body) if self._owns else self._body
         statements.append(ast.Return(value))
         failed = ast.Call(ast.Name("_failed", ast.Load()), [ast.Name("_error", ast.Load()), ast.Constant(self.where),
