@@ -414,6 +414,27 @@ def test_the_element_bound_follows_the_largest_input_and_is_checked_before_alloc
     assert calls == []
 
 
+# What makes at most as many elements as its largest operand; SIZED_FUNCTIONS/SIZED_METHODS are checked at run time.
+NON_GROWING_FUNCTIONS = set(
+    "relu sigmoid tanh softmax log_softmax abs exp log sqrt rsqrt square sign erf sin cos mean sum amax amin std var"
+    " zeros_like ones_like full_like randn_like rand_like gelu silu softplus leaky_relu elu layer_norm norm"
+    " topk kthvalue sort cumsum".split()
+)
+NON_GROWING_METHODS = set(
+    "reshape view flatten unflatten mean sum amax amin abs exp log sqrt relu sigmoid tanh softmax log_softmax"
+    " transpose permute unsqueeze squeeze norm std var detach clone float size dim numel expand_as sign t contiguous"
+    " chunk split narrow roll flip argmax argmin square sin cos item topk kthvalue sort cumsum".split()
+)
+
+
+def test_every_function_and_method_is_classified_for_the_element_bound() -> None:
+    """A function added to the allowlists must be checked (SIZED_*) or known to make no more than it is given."""
+    from surgery.expr.runtime import SIZED_FUNCTIONS, SIZED_METHODS
+
+    assert set(FUNCTIONS) - SIZED_FUNCTIONS - NON_GROWING_FUNCTIONS == set()
+    assert TENSOR_METHODS - SIZED_METHODS - NON_GROWING_METHODS == set()
+
+
 def test_missing_variable_is_named() -> None:
     with pytest.raises(ActionError, match=f"{WHERE}: 'output \\* 2' uses 'output', which this hook does not provide"):
         compile_expr("output * 2", WHERE)(x=torch.ones(2))
