@@ -496,7 +496,7 @@ def test_expression_pickles_by_rechecking() -> None:
 
 
 def test_allowlists_name_real_things_and_nothing_in_place() -> None:
-    assert set(NAMES) == {"x", "inputs", "output", "grad", "module"}
+    assert set(NAMES) == {"x", "inputs", "output", "grad", "module", "kwargs"}
     assert all(callable(function) for function in FUNCTIONS.values())
     assert all(hasattr(torch.Tensor, name) and not name.endswith("_") for name in TENSOR_METHODS | TENSOR_ATTRIBUTES)
     assert not {"to", "cuda", "numpy", "tolist", "register_hook", "backward", "data", "grad"} & TENSOR_METHODS

@@ -190,7 +190,7 @@ def test_activation_patching_from_an_earlier_runs_captures(tmp_path) -> None:
         match=r"actions\.p\.from: 'cap/block2/output' has shape \[2, 16, 7, 7\], but the output of 'block3' is \[2,",
     ):
         surgery.plan(model, {"p": {**patch, "select": "block3"}}, example_inputs=(b,))
-    with pytest.raises(ActionError, match=r"has shape \[2, 16, 7, 7\], this tensor is \[1, 16, 7, 7\]"):
+    with pytest.raises(ActionError, match=r"has shape \[2, 16, 7, 7\], which does not broadcast onto \[1, 16, 7, 7\]"):
         with surgery.apply(model, {"p": patch}):
             model(b[:1])  # without example inputs the check happens on the first call
     half = {**patch, "index": "[:, :8]"}

@@ -116,7 +116,7 @@ def test_worked_example_plans_and_computes_what_it_says(example):
     module = example.module()
     surgery.plan(nn.Sequential(module), yaml.safe_load(example.yaml()))
     x = torch.randn(4, 4)
-    env = {"x": x, "inputs": (x,), "output": module(x), "grad": torch.randn(4, 4), "module": module}
+    env = {"x": x, "inputs": (x,), "output": module(x), "grad": torch.randn(4, 4), "module": module, "kwargs": {}}
     names = gen_reference.PLACES[example.kind].names
     expected = example.expected(SimpleNamespace(**env))
     got = compile_expr(example.text, WHERE, names=names)(**{name: env[name] for name in names})

@@ -31,7 +31,7 @@ class Place:
 PLACES = {
     place.kind: place
     for place in (
-        Place("replace_forward", ("x", "inputs", "output", "module"), "the module's output"),
+        Place("replace_forward", ("x", "inputs", "output", "module", "kwargs"), "the module's output"),
         Place("modify_output", ("output", "module"), "the output (or its `item`, or the `index` slice of that)"),
         Place("modify_input", ("x", "module"), "positional input `item` (default 0) before forward sees it"),
         Place(
@@ -49,6 +49,8 @@ VARIABLES = {
     " being modified.",
     "grad": "`modify_grad`: the gradient being modified.",
     "module": "The hooked module, read-only (see below).",
+    "kwargs": "`replace_forward`: the keyword inputs of the call, read by name: `kwargs['attention_mask']`"
+    " (Hugging Face blocks get masks and position ids this way).",
 }
 
 # (construct, an example) of what the language allows; the tests compile every example.

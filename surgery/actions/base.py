@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from surgery.core.calls import CallCounter, gated, parse_calls
 from surgery.core.globs import compile_globs
 from surgery.core.ledger import Ledger
 from surgery.core.registry import Registry
@@ -25,6 +26,7 @@ APPLY_PASS = "apply pass"
 FORWARD_PRE_HOOK = "forward pre-hook"
 FORWARD_HOOK = "forward hook"
 FULL_BACKWARD_HOOK = "full backward hook"
+FULL_BACKWARD_PRE_HOOK = "full backward pre-hook"
 TENSOR_HOOK = "tensor hook"
 STATE_DICT_HOOK = "state-dict hook"
 
@@ -49,6 +51,7 @@ class BindContext:
     root: nn.Module
     added: dict[int, dict[str, TensorSpec]] = field(default_factory=dict)
     requires_grad: dict[int, bool] = field(default_factory=dict)  # flags earlier freeze/unfreeze will set
+    earlier: list[Step] = field(default_factory=list)  # the steps bound before this one (from: {capture} checks)
 
     @property
     def where(self) -> str:
@@ -114,6 +117,22 @@ class Kind:
 
 
 KINDS: Registry[type[Kind]] = Registry("action kind")
+
+
+def hook_on(ledger: Ledger, register: Callable[..., Any], hook: Callable, cfg: Any, **options: Any) -> Any:
+    """``ledger.hook(register, hook, **options)`` with the action's ``calls`` and ``prepend`` applied.
+
+    ``calls`` wraps the hook so it acts only on the selected calls of this module (its own counter, reset by
+    ``Surgery.reset_calls``); ``prepend`` is PyTorch's own ``prepend=True``. Every hook kind registers through here.
+    """
+    wanted = parse_calls(getattr(cfg, "calls", None))
+    if wanted is not None:
+        counter = CallCounter()
+        ledger.counters.append(counter)
+        hook = gated(hook, wanted, counter)
+    if getattr(cfg, "prepend", False):
+        options["prepend"] = True
+    return ledger.hook(register, hook, **options)
 
 
 def full_name(target: Target, tensor_name: str) -> str:

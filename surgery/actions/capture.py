@@ -8,11 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, Step, hook_failed
+from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, ShapeCheck, Step, hook_failed, hook_on
+from surgery.actions.capture_hooks import item_of, output_hook, register_calls, stop_at_root, stop_hook
+from surgery.actions.functions import capture_on, inside_step
 from surgery.core.ledger import Ledger
-from surgery.core.records import Call, Record, detached
+from surgery.core.records import Record
 from surgery.core.schema import CaptureAction, LogAction
 from surgery.core.select import Target
+from surgery.errors import ConfigError
+from surgery.expr.check import compile_index
 
 
 @KINDS.register()
@@ -32,6 +36,13 @@ class Capture(Kind):
         """Nothing to check beyond the schema: any module can be captured."""
         action = ctx.name
         want_input, want_output = "input" in cfg.what, "output" in cfg.what
+        if cfg.function is not None:
+            return inside_step(self, cfg, targets, ctx, capture_on(cfg, action, tensors_in))
+        index = compile_index(cfg.index, f"{ctx.where}.index") if cfg.index is not None else None
+        if cfg.stop and targets and targets[-1].module is ctx.root:
+            raise ConfigError(f"{ctx.where}.stop: stop ends the root's forward early; select a module inside it")
+        checks = [(t, ShapeCheck(ctx.where, w, item_of(cfg, w), index, cfg.index, None, "")) for t in targets
+                  for w in cfg.what if cfg.item is not None or index is not None]  # fmt: skip
 
         def apply(ledger: Ledger) -> None:
             if cfg.to == "disk":
@@ -42,33 +53,20 @@ class Capture(Kind):
                 record = ledger.record(action, target.name, cfg.reduce)
                 if cfg.reduce != "none":
                     hook = _reducing_hook(record, want_input, want_output, action, target.name)
-                    ledger.hook(target.module.register_forward_hook, hook, with_kwargs=True)
+                    hook_on(ledger, target.module.register_forward_hook, hook, cfg, with_kwargs=True)
                     continue
-                if not want_input:  # the common case, kept as cheap as a hand-written hook
+                if not want_input and cfg.item is None and index is None and not cfg.clone:
+                    hook = output_hook(record, cfg.detach, cfg.keep == "last")  # as cheap as a hand-written hook
+                    hook_on(ledger, target.module.register_forward_hook, hook, cfg)
+                else:
+                    register_calls(ledger, record, cfg, target, index)
+                if cfg.stop and target is targets[-1]:
+                    hook_on(ledger, target.module.register_forward_hook, stop_hook, cfg)
+            if cfg.stop:
+                stop_at_root(ledger, ctx.root)
 
-                    def output_hook(
-                        m: nn.Module, args: tuple[Any, ...], output: Any, outputs: list = record.outputs
-                    ) -> None:
-                        outputs.append(output.detach() if type(output) is torch.Tensor else detached(output))
-
-                    ledger.hook(target.module.register_forward_hook, output_hook)
-                    continue
-                calls = record.calls
-
-                def hook(
-                    m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, calls: list[Call] = calls
-                ) -> None:
-                    calls.append(
-                        Call(
-                            input=detached(args),
-                            kwargs=detached(kwargs) if kwargs else None,
-                            output=detached(output) if want_output else None,
-                        )
-                    )
-
-                ledger.hook(target.module.register_forward_hook, hook, with_kwargs=True)
-
-        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, streams=cfg.to == "disk")
+        streams = cfg.to == "disk"
+        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, streams=streams, shape_checks=checks)
 
 
 def tensors_in(value: Any, what: str) -> list[tuple[str, torch.Tensor]]:
@@ -136,6 +134,6 @@ class Log(Kind):
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 
-                ledger.hook(target.module.register_forward_hook, hook)
+                hook_on(ledger, target.module.register_forward_hook, hook, cfg)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)

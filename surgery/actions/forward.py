@@ -22,9 +22,12 @@ from surgery.actions.base import (
     Step,
     check_module_reads,
     hook_failed,
+    hook_on,
     tensor_named,
 )
-from surgery.actions.ops import make_op, patch_shape
+from surgery.actions.functions import inside_step, modify_on, replace_on
+from surgery.actions.ops import make_op
+from surgery.actions.sources import SourceContext, source_shape
 from surgery.core.callables import resolve_callable
 from surgery.core.ledger import Ledger
 from surgery.core.schema import FORWARD_FNS, TENSOR_OPS, ModifyAction, ReplaceForwardAction
@@ -33,7 +36,7 @@ from surgery.core.structure import get_item, replace_item
 from surgery.errors import ConfigError
 from surgery.expr.check import compile_expr, compile_index
 
-Compute = Callable[[nn.Module, tuple[Any, ...], Any], Any]
+Compute = Callable[..., Any]  # (module, inputs, output[, kwargs]) -> the new output
 
 
 def _own_tensor(module: nn.Module, names: tuple[str, ...], ctx: BindContext) -> str | None:
@@ -59,20 +62,38 @@ def _linear(weight: str, bias: str | None) -> Compute:
     return compute
 
 
-def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> list[tuple[Target, Compute]]:
-    """One compute function per selected module, all checked now."""
+def _takes_kwargs(fn: Callable[..., Any]) -> bool:
+    """Whether a ``fn`` callable has a parameter named ``kwargs`` (it then gets the module's keyword inputs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "kwargs" in params and params["kwargs"].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                            inspect.Parameter.KEYWORD_ONLY)  # fmt: skip
+
+
+def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> tuple[list[tuple[Target, Compute]], bool]:
+    """One compute function per selected module, all checked now, and whether they take the keyword inputs."""
     if cfg.expr is not None:
-        expr = compile_expr(cfg.expr, f"{ctx.where}.expr", names=("x", "inputs", "output", "module"))
+        expr = compile_expr(cfg.expr, f"{ctx.where}.expr", names=("x", "inputs", "output", "module", "kwargs"))
         check_module_reads(expr.module_reads, targets, ctx, "expr")
+        if "kwargs" in expr.names_used:  # keyword inputs: a with_kwargs hook, only when the expression reads them
+            return [(t, expr.bind("module", "inputs", "output", "kwargs")) for t in targets], True
         compute = expr.bind("module", "inputs", "output")  # a plain function of the hook's arguments
-        return [(t, compute) for t in targets]
+        return [(t, compute) for t in targets], False
+    return _fn_computes(cfg, targets, ctx)
+
+
+def _fn_computes(cfg: Any, targets: list[Target], ctx: BindContext) -> tuple[list[tuple[Target, Compute]], bool]:
     if cfg.fn == "identity":
-        return [(t, lambda m, args, out: args[0]) for t in targets]
+        return [(t, lambda m, args, out: args[0]) for t in targets], False
     if cfg.fn == "zero":
-        return [(t, lambda m, args, out: torch.zeros_like(out)) for t in targets]
+        return [(t, lambda m, args, out: torch.zeros_like(out)) for t in targets], False
     if cfg.fn != "linear":
         fn = resolve_callable(cfg.fn, f"{ctx.where}.fn", ctx.safe)
-        return [(t, fn) for t in targets]
+        if _takes_kwargs(fn):
+            return [(t, lambda m, args, out, kwargs: fn(m, args, out, kwargs=kwargs)) for t in targets], True
+        return [(t, fn) for t in targets], False
     computes = []
     for target in targets:
         weight = _own_tensor(target.module, ("weight", "W"), ctx)
@@ -82,7 +103,7 @@ def _computes(cfg: Any, targets: list[Target], ctx: BindContext) -> list[tuple[T
                 f" {target.name!r} ({type(target.module).__name__}); use expr instead"
             )
         computes.append((target, _linear(weight, _own_tensor(target.module, ("bias", "b"), ctx))))
-    return computes
+    return computes, False
 
 
 @KINDS.register()
@@ -101,13 +122,16 @@ class ReplaceForward(Kind):
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Build one compute function per module; check ``linear`` finds a weight."""
-        computes = _computes(cfg, targets, ctx)
+        computes, with_kwargs = _computes(cfg, targets, ctx)
         action = ctx.name
         source = ("expr", cfg.expr) if cfg.expr is not None else ("fn", str(cfg.fn))
+        if cfg.function is not None:
+            by_module = {id(t.module): c for t, c in computes}
+            return inside_step(self, cfg, targets, ctx, replace_on(by_module, with_kwargs))
 
         def apply(ledger: Ledger) -> None:
             for target, compute in ledger.each(action, computes, lambda tc: tc[0].name):
-                _register(ledger, action, target, compute, source)
+                _register(ledger, action, target, compute, source, cfg, with_kwargs)
 
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply)
 
@@ -118,8 +142,13 @@ def _not_a_tensor(source: tuple[str, str], result: Any) -> KeyedError:
     return KeyedError(key, f"{text!r} gave a {type(result).__name__}, not a tensor as the module returns")
 
 
-def _register(ledger: Ledger, action: str, target: Target, compute: Compute, source: tuple[str, str]) -> None:
+def _register(
+    ledger: Ledger, action: str, target: Target, compute: Compute, source: tuple[str, str], cfg: Any, with_kwargs: bool
+) -> None:
     module, name = target.module, target.name
+    if with_kwargs:  # the expression or fn reads the keyword inputs: PyTorch hands them to a with_kwargs hook
+        _register_with_kwargs(ledger, action, target, compute, source, cfg)
+        return
     if not getattr(module, "inplace", False):
 
         def hook(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
@@ -131,7 +160,7 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute, sou
             except Exception as e:
                 raise hook_failed(action, name, e) from e
 
-        ledger.hook(module.register_forward_hook, hook)
+        hook_on(ledger, module.register_forward_hook, hook, cfg)
         return
     pending: list[tuple[Any, ...]] = []
 
@@ -148,18 +177,52 @@ def _register(ledger: Ledger, action: str, target: Target, compute: Compute, sou
         except Exception as e:
             raise hook_failed(action, name, e) from e
 
-    ledger.hook(module.register_forward_pre_hook, keep_inputs)
-    ledger.hook(module.register_forward_hook, replace)
+    hook_on(ledger, module.register_forward_pre_hook, keep_inputs, cfg)
+    hook_on(ledger, module.register_forward_hook, replace, cfg)
+
+
+def _register_with_kwargs(
+    ledger: Ledger, action: str, target: Target, compute: Callable[..., Any], source: tuple[str, str], cfg: Any
+) -> None:
+    """replace_forward whose compute reads the keyword inputs: ``compute(module, args, output, kwargs)``."""
+    module, name = target.module, target.name
+    inplace = getattr(module, "inplace", False)
+    pending: list[tuple[Any, ...]] = []
+
+    def keep_inputs(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        pending.append(args)
+        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+    def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        try:
+            result = compute(m, pending.pop() if inplace else args, output, kwargs)
+            if not isinstance(result, torch.Tensor) and isinstance(output, torch.Tensor):
+                raise _not_a_tensor(source, result)
+            return result
+        except Exception as e:
+            raise hook_failed(action, name, e) from e
+
+    if inplace:
+        hook_on(ledger, module.register_forward_pre_hook, keep_inputs, cfg)
+    hook_on(ledger, module.register_forward_hook, hook, cfg, with_kwargs=True)
 
 
 def _shape_checks(cfg: Any, targets: list[Target], where: str, what: str) -> list[tuple[Target, ShapeCheck]]:
-    shape = patch_shape(cfg, where)
-    if shape is None and cfg.index is None:
+    """Probe-forward checks: ``index`` fits, and a file or tensor source broadcasts onto what it writes."""
+    found = source_shape(cfg, where)
+    if found is None and cfg.index is None:
         return []
     index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
-    source = repr(cfg.from_["key"]) if shape is not None else ""
+    shape, source = found if found is not None else (None, "")
     check = ShapeCheck(where, what, cfg.item, index, cfg.index, shape, source)
     return [(t, check) for t in targets]
+
+
+def _make_op(cfg: Any, targets: list[Target], ctx: BindContext, var: str) -> Callable[..., Any]:
+    """The op of a modify kind, its sources checked against the steps before it."""
+    if cfg.function is not None and isinstance(cfg.from_, dict) and "capture" in cfg.from_:
+        raise ConfigError(f"{ctx.where}.from: a capture source is read on module calls, not with function:")
+    return make_op(cfg, ctx.where, ctx.seed, ctx.name, var, ctx.safe, SourceContext(ctx.earlier, targets))
 
 
 @KINDS.register()
@@ -175,11 +238,13 @@ class ModifyOutput(Kind):
         """Check the op (an ``expr`` sees the tensor as ``output``) and the item."""
         if not isinstance(cfg.item, (int, str)) or isinstance(cfg.item, bool):
             raise ConfigError(f"{ctx.where}.item: must be an int position or a str key, got {cfg.item!r}")
-        build = make_op(cfg, ctx.where, ctx.seed, ctx.name, "output", ctx.safe)
+        build = _make_op(cfg, targets, ctx, "output")
         action, item = ctx.name, cfg.item
+        if cfg.function is not None:
+            return inside_step(self, cfg, targets, ctx, modify_on(build, item))
 
         def apply(ledger: Ledger) -> None:
-            op = build()
+            op = build(ledger)
             for target in ledger.each(action, targets, lambda t: t.name):
                 name = target.name
 
@@ -191,7 +256,7 @@ class ModifyOutput(Kind):
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 
-                ledger.hook(target.module.register_forward_hook, hook)
+                hook_on(ledger, target.module.register_forward_hook, hook, cfg)
 
         checks = _shape_checks(cfg, targets, ctx.where, "output")
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)
@@ -228,11 +293,16 @@ class ModifyInput(Kind):
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check the op (an ``expr`` sees the tensor as ``x``); map a named item to its position."""
         item = cfg.item
+        if cfg.function is not None:
+            raise ConfigError(
+                f"{ctx.where}.function: modify_input acts before the forward runs; function: works on capture,"
+                " modify_output and replace_forward"
+            )
         if not isinstance(item, (int, str)) or isinstance(item, bool):
             raise ConfigError(f"{ctx.where}.item: an input is picked by position or argument name, got {item!r}")
         if isinstance(item, int) and item < 0:
             raise ConfigError(f"{ctx.where}.item: {item}: {_positions_text(targets[0]) if targets else ''}")
-        build = make_op(cfg, ctx.where, ctx.seed, ctx.name, "x", ctx.safe)
+        build = _make_op(cfg, targets, ctx, "x")
         positions: dict[int, int | None] = {}
         if isinstance(item, str):
             for target in targets:
@@ -240,10 +310,10 @@ class ModifyInput(Kind):
         action = ctx.name
 
         def apply(ledger: Ledger) -> None:
-            op = build()
+            op = build(ledger)
             for target in ledger.each(action, targets, lambda t: t.name):
                 hook = _input_hook(op, action, target.name, item, positions.get(id(target.module)))
-                ledger.hook(target.module.register_forward_pre_hook, hook, with_kwargs=True)
+                hook_on(ledger, target.module.register_forward_pre_hook, hook, cfg, with_kwargs=True)
 
         checks = _shape_checks(cfg, targets, ctx.where, "input")
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)

@@ -8,29 +8,34 @@ factory; each apply calls it for a fresh ``op(tensor, module) -> tensor`` so per
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from surgery.actions.base import KeyedError, seed_for
 from surgery.actions.noise import noise_stream
+from surgery.actions.sources import load_patch, source_op, source_shape
 from surgery.core.callables import resolve_callable
 from surgery.core.schema import OpArgs
-from surgery.errors import ActionError, ConfigError, did_you_mean
 from surgery.expr.check import compile_expr, compile_index
 
 Op = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-def make_op(cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool = False) -> Callable[[], Op]:
-    """Check the op now; return ``build()`` giving ``op(tensor, module)``. ``var`` names the tensor in an expr."""
+def make_op(
+    cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool = False, sources: Any = None
+) -> Callable[..., Op]:
+    """Check the op now; return ``build(ledger=None)`` giving ``op(tensor, module)``. ``var`` names the tensor in an
+    expr. ``sources`` (a ``SourceContext``: earlier steps, matched modules) lets ``from: {capture}`` be checked;
+    such an op reads the captures of the ``ledger`` given to ``build``."""
     index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
+    if cfg.from_ is not None or isinstance(cfg.value, torch.Tensor):
+        return source_op(cfg, where, safe, index, sources)
     build = _elementwise(cfg, where, seed, action, var, safe, index)
     if index is None:
-        return build
+        return lambda ledger=None: build()
 
-    def build_sliced() -> Op:
+    def build_sliced(ledger: Any = None) -> Op:
         fn = build()
 
         def sliced(t: torch.Tensor, module: Any) -> torch.Tensor:
@@ -85,10 +90,6 @@ def _elementwise(
     if op == "fn":
         fn = resolve_callable(cfg.fn, f"{where}.fn", safe)
         return lambda: lambda t, m: fn(t)
-    if op == "patch":
-        source = load_patch(cfg.from_, f"{where}.from")
-        patch = source[index] if index is not None else source
-        return lambda: _patch(patch, f"{where}.from", cfg.from_["key"])
     raise AssertionError(f"op {op!r} passed validation but has no implementation")
 
 
@@ -115,53 +116,4 @@ def _noise(std: float, key: int, replay: bool) -> Op:
     return add_noise
 
 
-def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
-    """The captured tensor ``source['key']`` of ``source['file']`` (a captures.safetensors)."""
-    from safetensors import safe_open
-
-    from surgery.core.tensors import owned
-
-    path = Path(str(source["file"]))
-    if not path.is_file():
-        raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = list(f.keys())
-            key = str(source["key"])
-            if key not in keys:
-                raise ConfigError(
-                    f"{where}.key: {key!r} is not in {str(path)!r}.{did_you_mean(key, keys)}"
-                    f" Keys: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
-                )
-            return owned(f.get_tensor(key))  # aligned like the captured run's tensor: same GEMM path, same bits
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
-        raise ConfigError(f"{where}.file: cannot read {str(path)!r} as safetensors: {e}") from None
-
-
-def _patch(source: torch.Tensor, where: str, key: str) -> Op:
-    """Replace the tensor by a fresh copy of the captured one (moved to its device and dtype once)."""
-    ready: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-    def patch(t: torch.Tensor, m: Any) -> torch.Tensor:
-        if t.shape != source.shape:
-            raise ActionError(f"{where}: {key!r} has shape {list(source.shape)}, this tensor is {list(t.shape)}")
-        value = ready.get((t.device, t.dtype))
-        if value is None:
-            value = ready[(t.device, t.dtype)] = source.to(device=t.device, dtype=t.dtype)
-        # A copy per call (one tensor's worth of memory traffic, small next to the forward): the model may write
-        # into what it is handed (`out += identity`), which must never change the source the next call reads.
-        return value.clone()
-
-    return patch
-
-
-def patch_shape(cfg: OpArgs, where: str) -> tuple[int, ...] | None:
-    """The shape a patch op will write (after ``index``), for the plan-time shape check."""
-    if cfg.op != "patch":
-        return None
-    source = load_patch(cfg.from_, f"{where}.from")
-    if cfg.index is not None:
-        source = source[compile_index(cfg.index, f"{where}.index")]
-    return tuple(source.shape)
+__all__ = ["Op", "load_patch", "make_op", "source_shape"]

@@ -165,7 +165,12 @@ def instantiate_reason(error: Exception, target: str) -> str:
 
 
 def resolve_callable(spec: Any, where: str, safe: bool) -> Callable[..., Any]:
-    """A callable from ``pkg.module:function`` or a ``_target_`` node (e.g. with ``_partial_: true``)."""
+    """A callable from ``pkg.module:function``, a ``_target_`` node (e.g. with ``_partial_: true``), or (Python
+    dict recipes) the callable itself; under ``safe`` only allowlisted ones."""
+    if callable(spec) and not isinstance(spec, (str, Mapping, type)):  # a Python callable in a dict recipe
+        if safe and not allowed_object(spec):
+            raise refusal(where, getattr(spec, "__qualname__", spec))
+        return spec
     if isinstance(spec, Mapping) and "_target_" in spec:
         obj = instantiate_node(spec, where, safe)
     elif isinstance(spec, str) and ":" in spec:

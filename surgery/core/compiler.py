@@ -118,6 +118,7 @@ def compile_plan(
     strict: bool = True,
     safe: bool = False,
     example_inputs: tuple[Any, ...] | None = None,
+    example_kwargs: dict[str, Any] | None = None,
     batches: int = 1,
 ) -> Plan:
     """Validate every action against its schema and the model; bind each to what it matched.
@@ -145,7 +146,7 @@ def compile_plan(
         kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
         cfg = validate(kind.schema, node, where)
         matched = _match(cfg, index, where, strict)
-        ctx = BindContext(str(name), seed, strict, safe, model, ctx_added, flags)
+        ctx = BindContext(str(name), seed, strict, safe, model, ctx_added, flags, plan.steps)
         if not cfg.enabled:
             plan.steps.append(Step(str(name), kind.name, kind.mechanism, cfg, matched, _skip, enabled=False))
             continue
@@ -157,10 +158,10 @@ def compile_plan(
     for step in plan.steps:
         if step.enabled and step.after_plan is not None:
             step.after_plan()
-    if example_inputs is not None:
+    if example_inputs is not None or example_kwargs:
         from surgery.core.probe import check_before_apply
 
-        check_before_apply(plan.model, plan.steps, example_inputs, batches)
+        check_before_apply(plan.model, plan.steps, example_inputs or (), batches, example_kwargs)
     return plan
 
 

@@ -62,6 +62,39 @@ class Surgery:
                 record.calls.clear()
         return flat
 
+    def reset_calls(self) -> None:
+        """Count calls from 0 again for ``calls:`` (the CLI does it before each batch; ``generate``'s prompt is 0)."""
+        for counter in self._ledger.counters:
+            counter.n = 0
+
+    @contextmanager
+    def source_pass(self) -> Iterator[None]:
+        """Run a source pass inside: captures record it, actions reading ``from: {capture}`` change nothing,
+        and on exit ``freeze_sources()`` makes what was recorded their source for the calls after.
+
+        >>> with surgery.apply(model, actions) as s:
+        ...     with s.source_pass():
+        ...         model(clean)
+        ...     patched = model(corrupted)
+        """
+        self._ledger.sourcing = True
+        try:
+            yield
+        finally:
+            self._ledger.sourcing = False
+        self.freeze_sources()
+
+    def freeze_sources(self) -> None:
+        """End a source pass: what each capture recorded so far becomes what ``from: {capture: ACTION}`` reads.
+
+        Captures then record afresh; in the main pass the k-th call of a module reads the k-th frozen call
+        of the same module (a ``keep: last`` capture's one call serves every call). Call it again after
+        another source pass. The frozen calls stay readable as ``Record.sources``.
+        """
+        for records in self._ledger.captures.values():
+            for record in records.values():
+                record.freeze()
+
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> Any:
         """Load a checkpoint into the surgered model through its ``on_load`` hooks; ``remove()`` undoes it."""
         if not self.active:

@@ -88,6 +88,13 @@ def _put_back(obj: Any, name: str, old: Any) -> None:
         setattr(obj, name, old)
 
 
+def _unshadow(obj: Any, name: str, old: Any) -> None:
+    if old is _MISSING:
+        obj.__dict__.pop(name, None)
+    else:
+        object.__setattr__(obj, name, old)
+
+
 class Ledger:
     """Makes every change of a surgery and keeps its undo, so ``rollback`` restores the model exactly."""
 
@@ -102,6 +109,8 @@ class Ledger:
         self.keep_originals = False  # keep them past rollback, for Surgery.remove(verify=True)
         self.streamed: set[str] = set()  # capture actions written to disk batch by batch
         self.plotted: set[str] = set()  # capture actions whose records are plotted
+        self.sourcing = False  # inside Surgery.source_pass(): ops reading from: {capture} change nothing
+        self.counters: list[Any] = []  # call counters of hooks with `calls:` (calls.CallCounter), for reset_calls
         self.action = ""
         self.where = ""
 
@@ -155,6 +164,17 @@ class Ledger:
         setattr(obj, name, value)
         self.touched.add(("attr", id(obj), name))
         self._own(partial(_put_back, obj, name, old))
+
+    def shadow(self, obj: Any, name: str, value: Any) -> None:
+        """Set instance attribute ``name`` over the class's (a wrapped ``forward``); undo deletes it again.
+
+        ``set_attr`` would put back the bound method it read as an instance attribute; this puts back
+        exactly what ``obj.__dict__`` held, or nothing.
+        """
+        old = obj.__dict__.get(name, _MISSING)
+        object.__setattr__(obj, name, value)
+        self.touched.add(("attr", id(obj), name))
+        self._own(partial(_unshadow, obj, name, old))
 
     def swap_child(self, parent: nn.Module, name: str, new: nn.Module) -> None:
         """Put ``new`` in ``parent`` as child ``name`` (same place in its children); undo puts the old one back."""

@@ -1,5 +1,6 @@
-"""One probe forward pass before applying: the shapes some actions need (a patch's) and the
-size of captures with ``max_bytes``. Its hooks are removed again whatever happens."""
+"""One probe forward pass before applying: the shapes some actions need (a patch's), the
+size of captures with ``max_bytes``, and that a ``function:`` action's function is called.
+Its hooks are removed again whatever happens."""
 
 from __future__ import annotations
 
@@ -10,17 +11,23 @@ import torch
 from torch import nn
 
 from surgery.actions.base import ShapeCheck, Step
+from surgery.actions.functions import check_called, probe_function
+from surgery.actions.sources import fits
 from surgery.core.select import Target
 from surgery.core.structure import get_item
 from surgery.errors import ConfigError
 
 
-def check_before_apply(model: nn.Module, steps: list[Step], example_inputs: tuple[Any, ...], batches: int) -> None:
-    """Run the model once on ``example_inputs`` (no_grad) and check shapes and capture sizes."""
+def check_before_apply(
+    model: nn.Module, steps: list[Step], example_inputs: tuple[Any, ...], batches: int,
+    example_kwargs: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """Run the model once on ``example_inputs`` and ``example_kwargs`` (no_grad); check shapes and capture sizes."""
     checks = [(t, c) for s in steps if s.enabled for t, c in s.shape_checks]
     captures = [s for s in steps if s.enabled and s.traits.sized]
     sized = [s for s in captures if s.config.max_bytes is not None and s.config.reduce == "none"]
-    if not checks and not sized:
+    inside = [(s, t) for s in steps if s.enabled and getattr(s.config, "function", None) for t in s.targets]
+    if not checks and not sized and not inside:
         return
     seen: dict[tuple[int, str], Any] = {}
     per_batch = {s.name: 0 for s in sized}
@@ -37,9 +44,14 @@ def check_before_apply(model: nn.Module, steps: list[Step], example_inputs: tupl
         for target in step.targets:
             count = partial(_count_bytes, per_batch, step.name, "input" in want, "output" in want)
             handles.append(target.module.register_forward_hook(count, with_kwargs=True))
+    called = []
+    for step, target in inside:  # does the forward call the function it names? (functions.probe_function)
+        hooks, functions_seen, ran = probe_function(target, step.config.function)
+        handles.extend(hooks)
+        called.append((step, target, functions_seen, ran))
     try:
         with torch.no_grad():
-            model(*example_inputs)
+            model(*example_inputs, **(example_kwargs or {}))
     except Exception as e:  # noqa: BLE001 - the unmodified model cannot take this input
         raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
     finally:
@@ -49,6 +61,8 @@ def check_before_apply(model: nn.Module, steps: list[Step], example_inputs: tupl
         _check_shape(target, check, seen.get((id(target.module), check.what)))
     for step in sized:
         _check_size(step, per_batch[step.name], batches)
+    for step, target, functions_seen, ran in called:
+        check_called(step, target, functions_seen, ran)
 
 
 def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
@@ -66,6 +80,7 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
         picked = get_item(value, check.item)
     if not isinstance(picked, torch.Tensor):
         return  # not a tensor here: the hook reports it
+    full = tuple(picked.shape)
     if check.index is not None:
         try:
             picked = picked[check.index]
@@ -74,10 +89,12 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
                 f"{check.where}.index: {check.index_text} does not fit the {check.what} of {target.name!r},"
                 f" shape {list(picked.shape)}: {e}"
             ) from None
-    if check.shape is not None and tuple(picked.shape) != check.shape:
+    if check.shape is not None and not fits(check.shape, full, tuple(picked.shape), check.index is not None):
+        key = "value" if check.source.endswith("as value") else "from"
+        whole = f" (nor is it the whole {check.what}'s shape {list(full)})" if check.index is not None else ""
         raise ConfigError(
-            f"{check.where}.from: {check.source} has shape {list(check.shape)}, but the {check.what} of"
-            f" {target.name!r} is {list(picked.shape)} on this input"
+            f"{check.where}.{key}: {check.source} has shape {list(check.shape)}, but the {check.what} of"
+            f" {target.name!r} is {list(picked.shape)} on this input: it does not broadcast onto it{whole}"
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,20 @@ class Call:
     grad_input: tuple[torch.Tensor | None, ...] | None = None
     grad_output: tuple[torch.Tensor | None, ...] | None = None
     grad: torch.Tensor | None = None
+    stamps: tuple[tuple[torch.Tensor, int], ...] | None = None  # (recorded tensor, its version when recorded)
+
+
+class RecordChangedWarning(UserWarning):
+    """A recorded tensor was changed in place after it was captured (capture it with ``clone: true``)."""
+
+
+def stamps_of(value: Any) -> tuple[tuple[torch.Tensor, int], ...]:
+    """(tensor, version) for a tensor or the tensors of a tuple/list/dict, to tell later in-place changes."""
+    items = (value,) if isinstance(value, torch.Tensor) else value.values() if isinstance(value, dict) else value
+    if not isinstance(items, (tuple, list)) and not isinstance(value, dict):
+        return ()
+    # inference-mode tensors (Lightning's validate/test loops) keep no version counter: nothing to compare
+    return tuple((t, t._version) for t in items if isinstance(t, torch.Tensor) and not t.is_inference())
 
 
 class Running:
@@ -84,7 +99,9 @@ class Record:
     def __init__(self, key: str, reduce: str = "none") -> None:
         self.key = key
         self.reduce = reduce
-        self.outputs: list[Any] = []  # appended by the output-only capture hook; made Calls when read
+        self.outputs: list[Any] = []  # (output, version or None) from the output-only hook; Calls when read
+        self.latest: dict[int, Any] = {}  # keep: last, output only: the hook stores latest[0] = (output, version)
+        self.sources: list[Call] | None = None  # the calls frozen by Surgery.freeze_sources (a source pass)
         self._calls: list[Call] = []
         self.running: dict[str, Running] = {}
         self._lock = threading.Lock()
@@ -104,9 +121,32 @@ class Record:
         if outputs:  # one Call per output only when someone looks: the hook stays a bare append
             with self._lock:  # two readers at once would each move the same outputs
                 taken = len(outputs)  # outputs appended meanwhile by another thread's hook stay for the next look
-                self._calls.extend([Call(output=output) for output in outputs[:taken]])
+                self._calls.extend([_stamped(pair) for pair in outputs[:taken]])
                 del outputs[:taken]
+        if self.latest:
+            pair = self.latest.pop(0, None)
+            if pair is not None:
+                self._calls[:] = [_stamped(pair)]
+        self._warn_changed()
         return self._calls
+
+    def freeze(self) -> None:
+        """Keep the calls recorded so far as this record's sources and start recording afresh."""
+        self.sources = list(self.calls)
+        self._calls.clear()
+
+    def _warn_changed(self) -> None:
+        """Warn (once per call) when a tensor recorded without a copy was written in place afterwards."""
+        for i, call in enumerate(self._calls):
+            stamps = call.stamps
+            if stamps and any(t._version != v for t, v in stamps):
+                call.stamps = None
+                warnings.warn(
+                    f"{self.key}: call {i} was changed in place after it was captured (e.g. by a ReLU(inplace=True)"
+                    " after the module), so it no longer holds what the module gave; capture with clone: true",
+                    RecordChangedWarning,
+                    stacklevel=3,
+                )
 
     @property
     def reduced(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -153,6 +193,12 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record({self.key!r}, calls={len(self.calls)})"
+
+
+def _stamped(pair: tuple[Any, int | None]) -> Call:
+    """A Call from what an output-only hook stored: ``(output, version of a tensor output or None)``."""
+    output, version = pair
+    return Call(output=output, stamps=None if version is None else ((output, version),))
 
 
 def detached(value: Any) -> Any:

@@ -31,16 +31,18 @@ from surgery.expr.runtime import (
     GLOBALS,
     MAX_ELEMENTS,
     NUMBER_TYPES,
+    RESULT_FIELDS,
     SIZED_FUNCTIONS,
     SIZED_METHODS,
     TENSOR_ATTRIBUTES,
     TENSOR_METHODS,
+    TUPLE_FUNCTIONS,
     is_real,
     number_power,
     shorten,
 )
 
-NAMES = ("x", "inputs", "output", "grad", "module")
+NAMES = ("x", "inputs", "output", "grad", "module", "kwargs")
 MAX_LENGTH = 2000
 MAX_DEPTH = 50
 
@@ -100,7 +102,31 @@ def _on_module(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "module"
 
 
-_TENSOR_FUNCTIONS = frozenset(FUNCTIONS) - {"where"}  # where(cond) alone returns a tuple
+_TENSOR_FUNCTIONS = frozenset(FUNCTIONS) - {"where"} - TUPLE_FUNCTIONS  # where(cond) alone returns a tuple
+
+
+def einsum_problem(equation: str, operands: int) -> str | None:
+    """Why an einsum equation cannot work with ``operands`` tensors, or None (checked before any model runs)."""
+    if not equation or set(equation) - set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ,->. "):
+        return "an einsum equation uses letters, ',', '->' and '...' only, e.g. 'bij,bjk->bik'"
+    text = equation.replace(" ", "")
+    if text.count("->") > 1 or text.replace("->", "").count("-") or text.replace("->", "").count(">"):
+        return "an einsum equation has at most one '->'"
+    inputs, _, output = text.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != operands:
+        return f"the equation names {len(terms)} operand(s), the call gives {operands}"
+    for term in [*terms, output]:
+        if term.replace("...", "", 1).count(".") or not term.replace("...", "").isalpha() and term.replace("...", ""):
+            return f"{term!r}: each term is letters with at most one '...'"
+    if "->" in text:
+        letters = output.replace("...", "")
+        unknown = sorted(set(letters) - set(inputs))
+        if unknown or len(set(letters)) != len(letters):
+            return f"the output {output!r} must use each input letter at most once" + (
+                f"; {', '.join(unknown)} is in no input" if unknown else ""
+            )
+    return None
 
 
 def _makes_tensor(node: ast.expr) -> bool:
@@ -216,6 +242,10 @@ class _Checker(ast.NodeTransformer):
     def visit_Subscript(self, node: ast.Subscript) -> Any:
         if isinstance(node.value, ast.Constant):
             raise self.refuse(node, "numbers cannot be indexed")
+        if isinstance(node.value, ast.Name) and node.value.id == "kwargs" and isinstance(node.slice, ast.Constant):
+            if isinstance(node.slice.value, str):  # kwargs['bias']: a keyword input by its name
+                node.value = self.visit(node.value)
+                return node
         node.value = self.visit(node.value)
         if isinstance(node.slice, ast.Tuple):
             node.slice.elts = [self.check_index_part(part) for part in node.slice.elts]
@@ -256,7 +286,7 @@ class _Checker(ast.NodeTransformer):
         self.check_attribute_name(node)
         if isinstance(node.value, ast.Name) and node.value.id == "module":
             self.module_reads.add(node.attr)
-        if node.attr not in TENSOR_ATTRIBUTES and not _on_module(node.value):
+        if node.attr not in TENSOR_ATTRIBUTES | RESULT_FIELDS and not _on_module(node.value):
             raise self.refuse(
                 node,
                 f"'.{node.attr}' cannot be read; tensors have {', '.join(sorted(TENSOR_ATTRIBUTES))}"
@@ -274,6 +304,8 @@ class _Checker(ast.NodeTransformer):
             if func.id not in FUNCTIONS:
                 hint = did_you_mean(func.id, FUNCTIONS)
                 raise self.refuse(node, f"unknown function {func.id!r}.{hint} Functions: {', '.join(FUNCTIONS)}")
+            if func.id == "einsum":
+                return self.check_einsum(node)
         elif isinstance(func, ast.Attribute):
             self.check_attribute_name(func)
             if func.attr not in TENSOR_METHODS:
@@ -301,6 +333,20 @@ class _Checker(ast.NodeTransformer):
             obj = node.func.args[0]  # type: ignore[attr-defined]
             node.args = [env, obj, ast.Constant(func.attr), *node.args]
             node.func = ast.Name("_sized_method", ast.Load())
+        return node
+
+    def check_einsum(self, node: ast.Call) -> Any:
+        """``einsum('EQUATION', a, b, ...)``: the equation a string literal, checked now; operands as any call's."""
+        first = node.args[0] if node.args else None
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)) or node.keywords:
+            raise self.refuse(node, "einsum takes a literal equation first, then tensors: einsum('ij,jk->ik', a, b)")
+        problem = einsum_problem(first.value, len(node.args) - 1)
+        if problem is not None:
+            raise self.refuse(node, problem)
+        operands = [self.visit(arg) for arg in node.args[1:]]
+        env = ast.Name("_env", ast.Load())
+        node.args = [env, ast.Name("einsum", ast.Load()), ast.Constant("einsum"), first, *operands]
+        node.func = ast.Name("_sized_call", ast.Load())
         return node
 
     def check_literal_sizes(self, node: ast.Call) -> None:

@@ -46,6 +46,7 @@ def _elu(input: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
 _TORCH_FUNCTIONS = (
     "relu sigmoid tanh softmax log_softmax matmul clamp where abs exp log sqrt rsqrt square sign erf pow sin cos"
     " maximum minimum mean sum amax amin std var cat stack"
+    " topk kthvalue sort cumsum quantile einsum"  # topk, kthvalue, sort give (values, indices): .values / [0]
     " zeros_like ones_like full_like randn_like rand_like"  # sizes come from a tensor, never from the config
 )
 FUNCTIONS: dict[str, Callable[..., Any]] = {name: getattr(torch, name) for name in _TORCH_FUNCTIONS.split()}
@@ -65,9 +66,11 @@ TENSOR_METHODS = frozenset(
     "reshape view flatten unflatten mean sum amax amin max min abs exp log sqrt clamp relu"
     " sigmoid tanh softmax log_softmax transpose permute unsqueeze squeeze norm std var detach"
     " clone float size dim numel expand expand_as sign pow matmul t contiguous chunk split"
-    " narrow roll flip argmax argmin square sin cos item".split()
+    " narrow roll flip argmax argmin square sin cos item topk kthvalue sort cumsum quantile".split()
 )
 TENSOR_ATTRIBUTES = frozenset({"T", "mT", "shape", "ndim", "dtype"})
+RESULT_FIELDS = frozenset({"values", "indices"})  # of what topk, kthvalue and sort return
+TUPLE_FUNCTIONS = frozenset({"topk", "kthvalue", "sort"})  # they return a (values, indices) named tuple
 
 NUMBER_TYPES = (int, float)  # bool is an int
 
@@ -136,6 +139,8 @@ def _read_attribute(obj: Any, name: str) -> Any:
         if name in TENSOR_ATTRIBUTES:
             return getattr(obj, name)
         raise ActionError(f"tensors have no readable '.{name}'; readable: {', '.join(sorted(TENSOR_ATTRIBUTES))}")
+    if name in RESULT_FIELDS and type(obj).__module__ == "torch.return_types":
+        return getattr(obj, name)
     raise ActionError(f"cannot read '.{name}' of a {type(obj).__name__}; only of tensors and module")
 
 
@@ -231,6 +236,8 @@ def _new_count(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], functio
         return sum(t.numel() for t in items if isinstance(t, torch.Tensor))
     if name == "matmul" and len(args) == 2 and all(isinstance(t, torch.Tensor) for t in args):
         return _matmul_count(*args)
+    if name == "einsum" and args and isinstance(args[0], str):
+        return _einsum_count(args[0], args[1:])
     if name == "quantile" and len(args) >= 2 and isinstance(args[0], torch.Tensor):
         q = args[1]
         many = q.numel() if isinstance(q, torch.Tensor) else 1
@@ -240,6 +247,16 @@ def _new_count(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], functio
         return _matmul_count(x, weight.mT if weight.dim() >= 2 else weight)
     shapes = [t.shape for t in _tensors(args, kwargs)]
     return _broadcast_count(*shapes) if len(shapes) > 1 else 0
+
+
+def _einsum_count(equation: str, operands: tuple[Any, ...]) -> int:
+    """The element count of ``einsum(equation, *operands)``, worked out on meta tensors (no memory)."""
+    if not all(isinstance(t, torch.Tensor) for t in operands):
+        return 0
+    try:
+        return torch.einsum(equation, *(torch.empty(t.shape, device="meta") for t in operands)).numel()
+    except Exception:  # noqa: BLE001 - shapes that do not fit: let torch say so on the real tensors
+        return 0
 
 
 def _sized_call(env: tuple[Any, ...], function: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> Any:

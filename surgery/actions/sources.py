@@ -1,0 +1,229 @@
+"""Tensor sources for ``add``, ``mul``, ``set`` and ``patch``: ``from:`` a file, a capture, or a Python tensor.
+
+A source broadcasts onto the part of the tensor the op writes by PyTorch's rules (``[T, D]`` onto
+``[B, T, D]``, a ``[D]`` steering vector onto every position); a source with the whole tensor's
+shape is first cut by ``index`` like the tensor. The model is never handed the source itself: every
+call gets a new tensor, so in-place model code cannot change what the next call reads.
+
+``from: {capture: ACTION, what, reduce, dim}`` reads what the earlier capture ACTION recorded on the
+same module. In one pass that is its latest call (the capture's hook runs first on the same call).
+Inside ``Surgery.source_pass()`` such an op changes nothing; after it (or after
+``Surgery.freeze_sources()``) it reads the frozen call with the same number: the k-th call of a
+module in the main pass reads the k-th call of the source pass (a ``keep: last`` capture's one
+call serves every call; calls past the last frozen one read the last).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgery.actions.base import KeyedError
+from surgery.core.select import Target
+from surgery.core.structure import get_item
+from surgery.core.tensors import owned
+from surgery.errors import ConfigError, did_you_mean
+
+Op = Callable[[torch.Tensor, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a ``from: {capture}`` source is checked against: the steps bound before it and its own modules."""
+
+    earlier: list[Any]
+    targets: list[Target]
+
+
+COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": torch.add,
+    "mul": torch.mul,
+    "set": lambda part, src: torch.empty_like(part).copy_(src),  # copy_ broadcasts; owned memory like part
+    "patch": lambda part, src: torch.empty_like(part).copy_(src),
+}
+
+
+def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
+    """The captured tensor ``source['key']`` of ``source['file']`` (a captures.safetensors)."""
+    from safetensors import safe_open
+
+    path = Path(str(source["file"]))
+    if not path.is_file():
+        raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            key = str(source["key"])
+            if key not in keys:
+                raise ConfigError(
+                    f"{where}.key: {key!r} is not in {str(path)!r}.{did_you_mean(key, keys)}"
+                    f" Keys: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
+                )
+            return owned(f.get_tensor(key))  # aligned like the captured run's tensor: same GEMM path, same bits
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
+        raise ConfigError(f"{where}.file: cannot read {str(path)!r} as safetensors: {e}") from None
+
+
+def _python_tensor(cfg: Any, where: str, safe: bool) -> tuple[str, torch.Tensor] | None:
+    """(key, tensor) when a Python recipe gave a tensor as ``value`` or ``from``; refused under ``safe``."""
+    for key, value in (("value", cfg.value), ("from", cfg.from_)):
+        if isinstance(value, torch.Tensor):
+            if safe:
+                raise ConfigError(
+                    f"{where}.{key}: a Python tensor is refused because safe=true (safe recipes are config text;"
+                    " give it as from: {file, key} instead, or set safe=false)"
+                )
+            return key, value
+    return None
+
+
+def source_shape(cfg: Any, where: str) -> tuple[tuple[int, ...], str] | None:
+    """The shape of a file or tensor source and how messages name it, for the probe forward's broadcast check."""
+    given = _python_tensor(cfg, where, safe=False)
+    if given is not None:
+        return tuple(given[1].shape), f"the tensor given as {given[0]}"
+    source = cfg.from_
+    if isinstance(source, dict) and "file" in source:
+        return tuple(load_patch(source, f"{where}.from").shape), repr(source["key"])
+    return None
+
+
+def fits(source: tuple[int, ...], full: tuple[int, ...], part: tuple[int, ...], sliced: bool) -> bool:
+    """Whether a source of shape ``source`` can be written onto ``part`` (the whole tensor ``full`` cut by index)."""
+    if sliced and source == full:
+        return True
+    try:
+        return torch.broadcast_shapes(source, part) == part
+    except RuntimeError:
+        return False
+
+
+def source_op(cfg: Any, where: str, safe: bool, index: tuple | None, ctx: SourceContext | None) -> Callable[..., Op]:
+    """``build(ledger=None)`` giving the op that combines the tensor with its source (checked now)."""
+    combine = COMBINE[cfg.op]
+    given = _python_tensor(cfg, where, safe)
+    key = "from" if cfg.from_ is not None else "value"
+    if given is not None:
+        fixed: torch.Tensor | None = owned(given[1])  # a copy taken now: the caller may change theirs later
+    elif "file" in cfg.from_:
+        fixed = load_patch(cfg.from_, f"{where}.from")
+    else:
+        fixed = None
+        read = _capture_reader(cfg, where, ctx)
+
+    def build(ledger: Any = None) -> Op:
+        source_for: Callable[[torch.Tensor, Any], torch.Tensor]
+        if fixed is not None:
+            ready: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+            def cached(t: torch.Tensor, m: Any) -> torch.Tensor:
+                value = ready.get((t.device, t.dtype))
+                if value is None:
+                    value = ready[(t.device, t.dtype)] = fixed.to(device=t.device, dtype=t.dtype)
+                return value
+
+            source_for = cached
+        else:
+            if ledger is None:
+                raise ConfigError(f"{where}.from: a capture source is read by modify_output and modify_input only")
+            source_for = read(ledger)
+
+        def op(t: torch.Tensor, m: Any) -> torch.Tensor:
+            if ledger is not None and ledger.sourcing and fixed is None:
+                return t  # a source pass: the capture is recording what this op will read later
+            src = source_for(t, m)
+            part = t if index is None else t[index]
+            if index is not None and src.shape == t.shape:
+                src = src[index]  # the whole tensor's shape: cut like the tensor it replaces
+            if not fits(tuple(src.shape), tuple(t.shape), tuple(part.shape), False):
+                raise KeyedError(
+                    key, f"the source has shape {list(src.shape)}, which does not broadcast onto {list(part.shape)}"
+                )
+            new = combine(part, src.to(dtype=part.dtype))
+            if index is None:
+                return new
+            out = t.clone()
+            out[index] = new
+            return out
+
+        return op
+
+    return build
+
+
+def _capture_reader(
+    cfg: Any, where: str, ctx: SourceContext | None
+) -> Callable[[Any], Callable[[torch.Tensor, Any], torch.Tensor]]:
+    """Check ``from: {capture: ACTION, ...}`` against the plan so far; return ``read(ledger)``."""
+    source = cfg.from_
+    name, what = source["capture"], source.get("what", "output")
+    reduce, dim = source.get("reduce", "none"), source.get("dim", 0)
+    dims = tuple(dim) if isinstance(dim, list) else (dim,)
+    at = f"{where}.from.capture"
+    if ctx is None:
+        raise ConfigError(f"{at}: a capture source is read by modify_output and modify_input only")
+    earlier = {s.name: s for s in ctx.earlier}
+    step = earlier.get(name)
+    if step is None:
+        captures = [n for n, s in earlier.items() if s.kind == "capture"]
+        raise ConfigError(
+            f"{at}: no capture action {name!r} is listed before this one.{did_you_mean(name, captures)}"
+            f" Captures listed before: {', '.join(captures) or 'none'} (a source must come first)"
+        )
+    if step.kind != "capture":
+        raise ConfigError(f"{at}: {name!r} is a {step.kind} action, not a capture")
+    if not step.enabled:
+        raise ConfigError(f"{at}: capture {name!r} is disabled (enabled: false), so it records nothing")
+    config = step.config
+    if config.reduce != "none" or getattr(config, "function", None) is not None:
+        raise ConfigError(f"{at}: capture {name!r} keeps statistics or function calls, not module calls; a source"
+                          " needs reduce: none and no function")  # fmt: skip
+    if what not in config.what:
+        raise ConfigError(f"{where}.from.what: capture {name!r} records {', '.join(config.what)}, not {what}")
+    captured = {id(t.module) for t in step.targets}
+    names = {id(t.module): t.name for t in ctx.targets}
+    missing = [t.name for t in ctx.targets if id(t.module) not in captured]
+    if missing:
+        raise ConfigError(f"{at}: capture {name!r} does not record {missing[0]!r} (a source is read on the same"
+                          " module); select it in both")  # fmt: skip
+    item = cfg.item if isinstance(getattr(cfg, "item", None), (int, str)) else 0
+
+    def read(ledger: Any) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+        counts: dict[int, list[Any]] = {}  # id(module) -> [the frozen list counted against, calls read]
+
+        def source_for(t: torch.Tensor, m: Any) -> torch.Tensor:
+            record = ledger.captures[name][names[id(m)]]
+            frozen = record.sources
+            if frozen is not None:
+                seen = counts.setdefault(id(m), [frozen, 0])
+                if seen[0] is not frozen:  # a new source pass: count from 0 again
+                    seen[:] = [frozen, 0]
+                k = seen[1]
+                seen[1] = k + 1
+                if not frozen:
+                    raise KeyedError(
+                        "from", f"capture {name!r} recorded no call of {names[id(m)]!r} in the source pass"
+                    )
+                call = frozen[-1] if config.keep == "last" else frozen[min(k, len(frozen) - 1)]
+            else:
+                calls = record.calls
+                if not calls:
+                    raise KeyedError(
+                        "from", f"capture {name!r} has recorded no call of {names[id(m)]!r} yet (modify_input runs"
+                        " before a capture records the call: run a source pass, Surgery.freeze_sources())"
+                    )  # fmt: skip
+                call = calls[-1]
+            value = get_item(call.output if what == "output" else call.input, item)
+            if not isinstance(value, torch.Tensor):
+                raise KeyedError("from", f"capture {name!r} recorded a {type(value).__name__} here, not a tensor")
+            return value.mean(dim=dims, keepdim=True) if reduce == "mean" else value
+
+        return source_for
+
+    return read
