@@ -1,38 +1,54 @@
-"""The batches a run feeds the model: seeded tensors or a file (one spec, any number of batches), or a data set.
+"""The batches a run feeds the model: seeded tensors or a file, a data set, or text prompts.
 
 ``make_batches`` returns batch 0 at once (the plan's probe forward and the comparison use it) and
-iterates every batch, batch 0 first, with its labels when the input has them. A data set is read
-through its DataLoader in one pass, so memory stays flat whatever its size.
+iterates every batch, batch 0 first, as positional inputs, keyword inputs and labels (None when the
+input has none). A data set is read through its DataLoader in one pass, so memory stays flat
+whatever its size; text prompts are one batch of ``input_ids`` and ``attention_mask``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 
 from surgery.app.inputs import batch_count, make_inputs
 from surgery.errors import ConfigError
 
-Batch = tuple[tuple[torch.Tensor, ...], "torch.Tensor | None"]
+
+class Batch(NamedTuple):
+    """One batch: ``model(*args, **kwargs)``; ``labels`` for metrics and the loss, or None."""
+
+    args: tuple[torch.Tensor, ...]
+    kwargs: dict[str, torch.Tensor]
+    labels: torch.Tensor | None
 
 
 @dataclass
 class Batches:
-    """Batch 0's inputs, how many batches and examples there are, and the iterator over all of them."""
+    """Batch 0, how many batches and examples there are, and the iterator over all of them."""
 
-    first: tuple[torch.Tensor, ...]
+    first: Batch
     count: int
     labelled: bool
     examples: int
-    source: str  # for the report: "random", "digits (test)", a path, ...
-    first_labels: torch.Tensor | None = None
+    source: str  # for the report: "random", "digits (test)", a path, "text"
+    text: Any = None  # the TextBatch of a text input (prompts, lengths), else None
+    tokenizer: Any = None  # the tokenizer of a text input, else None
     _iterator: Iterator[Batch] = field(repr=False, default_factory=lambda: iter(()))
 
     def __iter__(self) -> Iterator[Batch]:
         return self._iterator
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Batch 0's input tensors, positional then keyword: fingerprinted and described in the report."""
+        return (*self.first.args, *self.first.kwargs.values())
+
+
+EXCLUSIVE = (("prompt", "prompts"), ("prompts", "prompt"), ("shape", "shapes"), ("shapes", "shape"))
 
 
 def input_spec(model_input: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,25 +60,35 @@ def input_spec(model_input: Mapping[str, Any], given: Mapping[str, Any]) -> dict
     model_kind = model_input.get("kind") or "random"
     kind = given.get("kind") or model_kind
     if kind == model_kind:
-        return {**model_input, **given}
+        defaults = dict(model_input)
+        for one, other in EXCLUSIVE:  # the run's prompts replace the model's default prompt, shapes its shape
+            if given.get(one) is not None:
+                defaults.pop(other, None)
+        return {**defaults, **given}
     shared = {k: v for k, v in model_input.items() if k in ("shape", "shapes", "target")}
     return {**shared, **given}
 
 
-def make_batches(spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> Batches:
-    """The run's batches from its input spec (kinds random, tokens, digit, file, dataset)."""
-    if (spec.get("kind") or "random") == "dataset":
+def make_batches(
+    spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device, model: nn.Module | None = None,
+    model_path: Any = None, where: str = "input",
+) -> Batches:  # fmt: skip
+    """The run's batches from its input spec (kinds random, tokens, digit, file, dataset, text)."""
+    kind = spec.get("kind") or "random"
+    if kind == "dataset":
         return _dataset_batches(spec, dtype, device)
+    if kind == "text":
+        return _text_batches(spec, device, model, model_path, where)
     count = batch_count(spec)
-    first = make_inputs(spec, seed, dtype, device)
+    first = Batch(make_inputs(spec, seed, dtype, device), {}, None)
 
     def every() -> Iterator[Batch]:
-        yield first, None
+        yield first
         for batch in range(1, count):
-            yield make_inputs(spec, seed, dtype, device, batch), None
+            yield Batch(make_inputs(spec, seed, dtype, device, batch), {}, None)
 
-    examples = count * (int(first[0].shape[0]) if first and first[0].dim() else 1)
-    return Batches(first, count, False, examples, str(spec.get("kind") or "random"), None, every())
+    examples = count * (int(first.args[0].shape[0]) if first.args and first.args[0].dim() else 1)
+    return Batches(first, count, False, examples, str(kind), _iterator=every())
 
 
 def _dataset_batches(spec: Mapping[str, Any], dtype: torch.dtype, device: torch.device) -> Batches:
@@ -73,21 +99,40 @@ def _dataset_batches(spec: Mapping[str, Any], dtype: torch.dtype, device: torch.
     config = dataset_input({k: v for k, v in spec.items() if k != "batches"})
     loader = data_loader(config)
     rows = iter(loader)
-    first_x, first_y = _split(next(rows), config.y_key)
-    first_y = None if first_y is None else first_y.to(device)
-    as_inputs = lambda x: (x.to(device=device, dtype=dtype if x.is_floating_point() else x.dtype),)  # noqa: E731
+
+    def batch_of(row: Any) -> Batch:
+        x, y = (row[0], row[1]) if len(row) == 2 and config.y_key is not None else (row[0], None)
+        args = (x.to(device=device, dtype=dtype if x.is_floating_point() else x.dtype),)
+        return Batch(args, {}, None if y is None else y.to(device))
+
+    first = batch_of(next(rows))
 
     def every() -> Iterator[Batch]:
-        yield as_inputs(first_x), first_y
+        yield first
         for row in rows:
-            x, y = _split(row, config.y_key)
-            yield as_inputs(x), None if y is None else y.to(device)
+            yield batch_of(row)
 
     examples = len(loader.dataset)  # type: ignore[arg-type]
     where = f"{config.source} ({config.split})" if config.source else str(config.path)
-    return Batches(as_inputs(first_x), len(loader), first_y is not None, examples, where, first_y, every())
+    return Batches(first, len(loader), first.labels is not None, examples, where, _iterator=every())
 
 
-def _split(row: Any, y_key: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    x, y = (row[0], row[1]) if len(row) == 2 else (row[0], None)
-    return x, (y if y_key is not None else None)
+TEXT_KEYS = ("kind", "prompt", "prompts", "tokenizer", "shape", "shapes", "target")
+
+
+def _text_batches(
+    spec: Mapping[str, Any], device: torch.device, model: nn.Module | None, model_path: Any, where: str
+) -> Batches:
+    """Prompts as one batch of keyword inputs; labels are the token ids (-100 at padding) for LM metrics."""
+    from surgery.lm.text import check_vocabulary, encode_prompts, load_tokenizer
+
+    unknown = sorted(set(spec) - set(TEXT_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key for kind text; keys: {', '.join(TEXT_KEYS)}")
+    tokenizer = load_tokenizer(spec.get("tokenizer"), model_path=model_path, where=f"{where}.tokenizer")
+    text = encode_prompts(tokenizer, spec.get("prompt"), spec.get("prompts"), where=where)
+    if model is not None:
+        check_vocabulary(tokenizer, model, text)
+    text = text.to(device)
+    first = Batch((), text.kwargs(), text.labels)
+    return Batches(first, 1, False, len(text.prompts), "text", text, tokenizer, iter([first]))

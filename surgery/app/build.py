@@ -41,7 +41,7 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
-    """cpu | cuda | cuda:N | auto, refusing a GPU that is not there."""
+    """cpu | cuda | cuda:N | auto | meta, refusing a GPU that is not there."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -65,15 +65,20 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
     check_targets(node, "model", settings.safe)
     checkpoint = node.get("checkpoint")
     build = {k: v for k, v in node.items() if k not in MODEL_EXTRAS}
+    meta = device.type == "meta"
     try:
-        model = instantiate(build)
+        if meta:  # every tensor is made on meta from the start: shapes and dtypes, never values or memory
+            with torch.device("meta"):
+                model = instantiate(build)
+        else:
+            model = instantiate(build)
     except InstantiationException as e:
         if isinstance(e.__cause__, SurgeryError):  # e.g. a missing optional extra: keep its hint
             raise e.__cause__ from None
         raise ConfigError(f"model: cannot build {target!r}: {instantiate_reason(e, target)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
-    if checkpoint and load:
+    if checkpoint and load and not meta:  # a plan on meta needs the names and shapes, which the config gives
         load_checkpoint(model, checkpoint)
     model = model.to(device=device, dtype=getattr(torch, settings.dtype))
     return model.eval()
@@ -90,3 +95,19 @@ def module_table(model: nn.Module) -> str:
         rows.append((t.name, type(t.module).__name__, f"{count:,}", own or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+
+
+def input_device(device: torch.device) -> torch.device:
+    """Where the inputs are made: on cpu for a meta model (seeded draws need a generator), else ``device``."""
+    return torch.device("cpu") if device.type == "meta" else device
+
+
+def on_device(batches: Any, device: torch.device) -> Any:
+    """A meta model's batch 0 moved onto meta, for the plan's probe forward (shapes only); other devices as they are."""
+    if device.type != "meta":
+        return batches
+    first = batches.first
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in first.args)
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in first.kwargs.items()}
+    batches.first = first._replace(args=args, kwargs=kwargs)
+    return batches

@@ -13,8 +13,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.app.batches import Batches, input_spec, make_batches
-from surgery.app.build import build_model, module_table, resolve_device, seed_everything, settings_of
+from surgery.app.batches import Batch, Batches, input_spec, make_batches
+from surgery.app.build import (
+    build_model,
+    input_device,
+    module_table,
+    on_device,
+    resolve_device,
+    seed_everything,
+    settings_of,
+)
 from surgery.app.inputs import loss_of
 from surgery.app.interrupt import Interrupted, Interrupts, exit_code, remove_temporary_files
 from surgery.app.io import read_tensors, write_json, write_tensors
@@ -28,13 +36,13 @@ from surgery.data.metrics import Metric
 from surgery.errors import ActionError, ConfigError, SurgeryError
 
 
-def forward(model: nn.Module, inputs: tuple[torch.Tensor, ...], settings: RunSettings, target: Any) -> Any:
-    """Run the model; with ``backward`` also the loss's backward pass so backward hooks fire."""
+def forward(model: nn.Module, batch: Batch, settings: RunSettings, target: Any) -> Any:
+    """Run the model on one batch; with ``backward`` also the loss's backward pass so backward hooks fire."""
     if not settings.backward:
         with torch.no_grad():
-            return model(*inputs)
-    inputs = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in inputs)  # token ids stay ints
-    output = model(*inputs)
+            return model(*batch.args, **batch.kwargs)
+    args = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in batch.args)  # token ids stay ints
+    output = model(*args, **batch.kwargs)
     loss_of(first_tensor(output), settings.loss, target).backward()
     return output
 
@@ -60,6 +68,7 @@ class Job:
     data: Batches  # every batch, batch 0 (``inputs``) first
     plan: Plan
     load_late: bool  # a checkpoint loaded after applying, through on_load hooks
+    source: Batches | None = None  # run first through the same surgery (source pass), then frozen for from: capture
     metrics: tuple[str | Metric, ...] = ()  # scored on every batch for the surgered and the unmodified model
     timings: dict[str, float] = field(default_factory=dict)
     interrupts: Interrupts = field(default_factory=Interrupts)  # run_job's, checked after every batch
@@ -67,8 +76,8 @@ class Job:
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        """Batch 0's inputs: planned with, compared on, fingerprinted."""
-        return self.data.first
+        """Batch 0's input tensors (positional, then keyword): fingerprinted and described in the report."""
+        return self.data.tensors()
 
     @property
     def batches(self) -> int:
@@ -138,6 +147,11 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
         "config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
         "matched_modules": fingerprint(report["plan"]),
     }
+    if job.settings.mode == "generate":
+        from surgery.app.generation import generate_run
+
+        reached.report = report
+        return generate_run(job, out_dir, report)
     if job.settings.mode == "plan":
         report["fingerprints"] = prints
         write_json(out_dir / "report.json", report)
@@ -178,17 +192,38 @@ def prepare(cfg: DictConfig) -> Job | None:
         print(module_table(model))
         return None
     spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
-    data = make_batches(spec, settings.seed, getattr(torch, settings.dtype), device)
-    metrics = metric_names(settings.metrics, data.labelled, settings.compare)
-    inputs, batches = data.first, data.count
+    made_on = input_device(device)  # meta: drawn on cpu, batch 0 moved to meta for the probe (surgery/app/build.py)
+    data = on_device(make_batches(spec, settings.seed, getattr(torch, settings.dtype), made_on, model,
+                                  cfg.model.get("path")), device)  # fmt: skip
+    metrics = metric_names(settings.metrics, data, settings.compare)
+    source = source_batches(cfg, settings, device, model, data)
+    batches = data.count
     timings = {"build_s": time.perf_counter() - clock}
     clock = time.perf_counter()
     plan = compile_plan(
-        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=inputs,
+        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=data.first.args,
+        example_kwargs=data.first.kwargs,
         batches=batches,
     )  # fmt: skip
     timings["plan_s"] = time.perf_counter() - clock
-    return Job(cfg, settings, model, spec, data, plan, load_late, metrics, timings)
+    return Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
+
+
+def source_batches(
+    cfg: DictConfig, settings: RunSettings, device: torch.device, model: nn.Module, data: Batches
+) -> Batches | None:
+    """The ``source`` input (one batch, run first through the surgery), checked against the main input."""
+    given = cfg.get("source")
+    if given is None:
+        return None
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(given))
+    dtype = getattr(torch, settings.dtype)
+    source = make_batches(spec, settings.seed, dtype, device, model, cfg.model.get("path"), where="source")
+    if source.text is not None and data.text is not None:
+        from surgery.lm.text import require_equal_lengths
+
+        require_equal_lengths(data.text, source.text, "source.prompt")
+    return source
 
 
 def surgered_run(
@@ -204,7 +239,8 @@ def surgered_run(
     modules_before, params_before = _counts(model)
     original = unmodified_forward(job) if settings.compare else None
     model.zero_grad(set_to_none=True)
-    scoring = Scoring(job.metrics, model, job.plan) if job.metrics else None  # a copy, if any, is made now
+    text = job.data.text is not None
+    scoring = Scoring(job.metrics, model, job.plan, text) if job.metrics else None  # a copy, if any, is made now
 
     clock = time.perf_counter()
     surgery = apply_plan(model, job.plan, verify=True)
@@ -212,6 +248,9 @@ def surgered_run(
     try:
         if job.load_late:
             surgery.load_state_dict(read_tensors(Path(str(job.cfg.model.checkpoint)), "model.checkpoint"))
+        if job.source is not None:  # the clean run: captures record it, then become what from: capture reads
+            with surgery.source_pass(), torch.no_grad():
+                model(*job.source.first.args, **job.source.first.kwargs)
         modules_after, params_after = _counts(model)
         state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
         saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else None
@@ -239,7 +278,12 @@ def surgered_run(
             "parameters_after": params_after,
         },
         "metrics": scoring.result() if scoring is not None else None,
-        "data": {"source": job.data.source, "examples": scoring.examples if scoring else job.data.examples},
+        "data": {
+            "source": job.data.source,
+            "examples": scoring.examples if scoring else job.data.examples,
+            **({"prompts": list(job.data.text.prompts)} if job.data.text is not None else {}),
+            **({"source_prompts": list(job.source.text.prompts)} if job.source and job.source.text else {}),
+        },
         "batches": job.batches,
         "batches_done": done,
         "complete": done == job.batches,
@@ -266,20 +310,24 @@ def surgered_run(
 def unmodified_forward(job: Job) -> Any:
     """The model before surgery on batch 0; failing here is the input's fault, not the surgery's."""
     try:
-        labels = job.data.first_labels
-        return forward(
-            job.model, job.inputs, job.settings, labels if labels is not None else job.input_spec.get("target")
-        )
+        return forward(job.model, job.data.first, job.settings, target_of(job, job.data.first))
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
 
 
-def surgered_forward(job: Job, inputs: tuple[torch.Tensor, ...], labels: torch.Tensor | None = None) -> Any:
+def target_of(job: Job, batch: Batch) -> Any:
+    """What the loss compares with: a data set's labels, else ``input.target`` (text labels are token ids)."""
+    if batch.labels is not None and job.data.text is None:
+        return batch.labels
+    return job.input_spec.get("target")
+
+
+def surgered_forward(job: Job, batch: Batch) -> Any:
     """The surgered model on one batch; failing outside our hooks means the surgery broke it: bad config."""
     try:
-        return forward(job.model, inputs, job.settings, labels if labels is not None else job.input_spec.get("target"))
+        return forward(job.model, batch, job.settings, target_of(job, batch))
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -306,11 +354,12 @@ def run_batches(job: Job, surgery: Surgery, out_dir: Path, scoring: Scoring | No
     prints = []
     shards = 0
     with job.interrupts.deferring(), progress(job.data) as bar:
-        for batch, (inputs, labels) in enumerate(job.data):
-            output = surgered_forward(job, inputs, labels)
+        for batch, data in enumerate(job.data):
+            surgery.reset_calls()  # calls: counts per module within a batch
+            output = surgered_forward(job, data)
             if scoring is not None:
-                scoring.update(surgery, inputs, output, labels)
-            bar.update(int(labels.numel()) if labels is not None else int(inputs[0].shape[0]) if inputs else 1)
+                scoring.update(surgery, data, output)
+            bar.update(scoring.last_examples if scoring is not None else _examples(data))
             first = output if batch == 0 else first
             prints.append(fingerprint(output))
             shards += write_shard(surgery, out_dir / "captures", shards)
@@ -364,6 +413,11 @@ def summary_line(report: dict[str, Any], out_dir: Path) -> str:
     if report["captures"]["shards"]:
         parts.append(f"{len(report['captures']['shards'])} capture shard(s)")
     return "; ".join(parts) + f"; wrote {out_dir}"
+
+
+def _examples(batch: Batch) -> int:
+    first = (*batch.args, *batch.kwargs.values())
+    return int(first[0].shape[0]) if first and first[0].dim() else 1
 
 
 def _plain(node: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def render_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[
     sections = [
         _title(report),
         _metrics(report.get("metrics"), report.get("data")),
+        _generation(report.get("generate")),
         _plan(report.get("plan") or []),
         _model(report.get("model")),
         _tensors(report),
@@ -69,6 +70,23 @@ def _metrics(metrics: Any, data: Any) -> str:
     for name, value in after.items():
         cells = [_metric_cell(before.get(name)), _metric_cell(value), _metric_cell(delta.get(name), True)]
         lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _generation(generate: Any) -> str:
+    """Both continuations of each prompt and where they first differ (mode=generate)."""
+    if not isinstance(generate, Mapping):
+        return ""
+    lines = ["## Generation", "", "| prompt | unmodified | surgered | first difference |", "|---|---|---|---|"]
+    for row in generate.get("prompts", []):
+        texts = [row.get(k, row.get(f"{k}_tokens")) for k in ("unmodified", "surgered")]
+        differ = row.get("first_difference")
+        cells = [
+            _escape(row.get("prompt")),
+            *(_escape(t) for t in texts),
+            "none" if differ is None else f"token {differ}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from surgery.app.batches import Batch, Batches
 from surgery.core.compiler import Plan
 from surgery.core.engine import Surgery
 from surgery.data.evaluate import logits_of, reference_model
@@ -18,25 +19,28 @@ from surgery.errors import ConfigError
 class Scoring:
     """Running metrics for both models; the unmodified one runs with the surgery paused (or as a copy)."""
 
-    def __init__(self, names: Sequence[str | Metric], model: nn.Module, plan: Plan) -> None:
+    def __init__(self, names: Sequence[str | Metric], model: nn.Module, plan: Plan, text: bool = False) -> None:
         self.surgered, self.unmodified = Scores(names), Scores(names)
         self.reference = reference_model(model, plan)  # made before applying: the model as it was
-        self.examples = 0
+        self.text = text  # labels are token ids (-100 at padding) for the LM metrics, not classes
+        self.examples = self.last_examples = 0
 
-    def update(self, surgery: Surgery, inputs: tuple[torch.Tensor, ...], output: Any, labels: Any) -> None:
-        """Score one batch: ``output`` is the surgered model's; the unmodified model runs on ``inputs`` now."""
+    def update(self, surgery: Surgery, batch: Batch, output: Any) -> None:
+        """Score one batch: ``output`` is the surgered model's; the unmodified model runs on the batch now."""
         with torch.no_grad():
             if self.reference is not None:
-                before = logits_of(self.reference(*inputs))
+                before = logits_of(self.reference(*batch.args, **batch.kwargs))
             else:
                 with surgery.paused():
-                    before = logits_of(surgery.model(*inputs))
+                    before = logits_of(surgery.model(*batch.args, **batch.kwargs))
         after = logits_of(output).detach()
-        if labels is not None:
+        labels = batch.labels
+        if labels is not None and not self.text:
             check_labels(labels, after)
         self.surgered.update(after, labels, before)
         self.unmodified.update(before, labels, before)
-        self.examples += int(labels.numel()) if labels is not None else int(after.shape[0])
+        self.last_examples = int(labels.numel()) if labels is not None and not self.text else int(after.shape[0])
+        self.examples += self.last_examples
 
     def result(self) -> dict[str, Any]:
         """``{"surgered", "unmodified", "delta"}`` over every batch scored."""
@@ -54,13 +58,22 @@ def check_labels(labels: torch.Tensor, logits: torch.Tensor) -> None:
         )
 
 
-def metric_names(given: Any, labelled: bool, compare: bool) -> tuple[str | Metric, ...]:
-    """The metrics a run computes: ``metrics`` as given, or the default for the input; none without compare."""
+def metric_names(given: Any, data: Batches, compare: bool) -> tuple[str | Metric, ...]:
+    """The metrics a run computes: ``metrics`` as given, or the default for the input; none without compare.
+
+    Text inputs also take ``perplexity`` and ``logit_diff: {correct, wrong}`` (surgery.lm.metrics).
+    """
     if not compare:
         if given:
             raise ConfigError("metrics: metrics compare with the unmodified model; set compare=true or metrics=[]")
         return ()
-    return check_metrics(None if given is None else list(given), labelled)
+    if data.text is not None:
+        from surgery.lm.metrics import text_metrics
+
+        return tuple(text_metrics(given, data.tokenizer))
+    if given is not None and not isinstance(given, (list, tuple)):
+        raise ConfigError(f"metrics: a list of metric names, e.g. [accuracy, loss]; got {given!r}")
+    return check_metrics(None if given is None else list(given), data.labelled)
 
 
 def summary(metrics: dict[str, Any]) -> str:

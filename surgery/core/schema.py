@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -21,6 +22,7 @@ from surgery.core.schema_actions import (  # re-exported: the action schemas liv
     FORWARD_FNS,
     GRAD_OPS,
     OP_NEEDS,
+    PLACEHOLDERS,
     TENSOR_OPS,
     Action,
     CaptureAction,
@@ -54,14 +56,15 @@ __all__ = [  # the action schemas are re-exported so callers need one import
     "FieldError", "one_of", "yaml_key", "field_name", "Action", "NONLINEARITIES", "INIT_METHODS", "INIT_KEYS",
     "InitSpec", "InitAction", "AddTensorAction", "AddParameterAction", "AddBufferAction", "FreezeAction",
     "FORWARD_FNS", "ReplaceForwardAction", "ReplaceModuleAction", "OnLoadAction", "TENSOR_OPS", "GRAD_OPS",
-    "OP_NEEDS", "OpArgs", "ModifyAction", "ModifyGradAction", "CaptureAction", "CaptureGradAction", "LogAction",
+    "OP_NEEDS", "PLACEHOLDERS", "OpArgs", "ModifyAction", "ModifyGradAction", "CaptureAction", "CaptureGradAction",
+    "LogAction",
     "DTYPES", "LOSSES", "MODES", "RunSettings", "check_containers", "check_keys", "validate",
 ]  # fmt: skip
 
 
 # ---------------------------------------------------------------- run settings
 
-MODES = ("run", "plan", "modules")
+MODES = ("run", "plan", "modules", "generate")
 LOSSES = ("sum", "mse", "cross_entropy", "kl_div")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -70,9 +73,9 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 class RunSettings:
     """The run settings of ``conf/config.yaml`` (SPEC §2)."""
 
-    mode: str = "run"  # run | plan (what would match, change nothing) | modules (list modules)
+    mode: str = "run"  # run | plan (what would match, change nothing) | modules (list modules) | generate (text)
     seed: int = 0  # seeds torch, numpy, python; every random init/noise derives from it
-    device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto | meta (mode=plan|modules only: no weights are made)
     dtype: str = "float32"  # model and input dtype
     strict: bool = True  # a selector that matches nothing is an error (an action can opt out: allow_empty)
     safe: bool = False  # refuse import-path callables and _target_ outside torch/surgery
@@ -80,6 +83,8 @@ class RunSettings:
     loss: str = "sum"  # loss for the backward pass
     compare: bool = True  # also run the unmodified model and report the difference
     metrics: Any = None  # accuracy, top5, loss, agreement, kl (null: the default for the input; [] none)
+    generate: Any = None  # mode=generate: {max_new_tokens: 20, do_sample: false}
+    source: Any = None  # an input run first through the same surgery; from: {capture: ...} reads its captures
     save_model: bool = False  # write the surgered state_dict as model.safetensors
     verbose: bool = False  # full tracebacks on errors
 
@@ -87,8 +92,13 @@ class RunSettings:
         one_of("mode", self.mode, MODES)
         one_of("loss", self.loss, LOSSES)
         one_of("dtype", self.dtype, DTYPES)
-        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
-            raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N or auto")
+        if not (self.device in ("cpu", "cuda", "auto", "meta") or self.device.startswith("cuda:")):
+            raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N, auto or meta")
+        if self.device == "meta" and self.mode not in ("plan", "modules"):
+            raise FieldError(  # meta tensors have shapes but no values: nothing can be run or compared
+                "device",
+                f"'meta' builds the model without weights, for mode=plan or mode=modules, not mode={self.mode}",
+            )
 
 
 # ---------------------------------------------------------------- validation
@@ -130,6 +140,23 @@ def check_containers(schema: type, node: dict, where: str) -> None:
             raise ConfigError(f"{_at(where, yaml_key(name))}: must be a mapping such as {{old: new}}, got {value!r}")
 
 
+def python_objects(schema: type, node: dict, where: str) -> dict[str, Any]:
+    """The tensors and callables of a Python dict recipe, on the keys the schema takes them (``objects``)."""
+    found = {
+        name: value
+        for name, value in node.items()
+        if isinstance(value, torch.Tensor) or (callable(value) and not isinstance(value, (str, dict, list)))
+    }
+    taken = getattr(schema, "objects", ())
+    for name, value in found.items():
+        if name not in taken:
+            here = f"; here only {', '.join(yaml_key(t) for t in taken)} may be one" if taken else ""
+            raise ConfigError(
+                f"{_at(where, yaml_key(name))}: a Python {type(value).__name__} is not a config value{here}"
+            )
+    return found
+
+
 def validate(schema: type, node: Any, where: str) -> Any:
     """Validate a mapping against a dataclass schema; return the dataclass instance."""
     if isinstance(node, DictConfig):
@@ -138,6 +165,8 @@ def validate(schema: type, node: Any, where: str) -> Any:
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(node).__name__} {node!r}")
     check_keys(schema, node, where)
     node = {field_name(str(k)): v for k, v in node.items()}
+    objects = python_objects(schema, node, where)
+    node = {**node, **{name: PLACEHOLDERS[name] for name in objects}}
     check_containers(schema, node, where)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
@@ -145,7 +174,12 @@ def validate(schema: type, node: Any, where: str) -> Any:
         if missing:
             key = ".".join(yaml_key(part) for part in missing[0].split("."))
             raise ConfigError(f"{_at(where, key)}: a value is required here (it is ???)")
-        return OmegaConf.to_object(merged)
+        result = OmegaConf.to_object(merged)
+        if objects:  # OmegaConf holds no tensors or functions: put them in, then run the checks again on them
+            for name, value in objects.items():
+                setattr(result, name, value)
+            result.__post_init__()  # type: ignore[union-attr]
+        return result
     except FieldError as e:
         raise ConfigError(f"{_at(where, e.key)}: {e}") from None
     except OmegaConfBaseException as e:

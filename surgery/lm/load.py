@@ -31,6 +31,7 @@ def transformers_offline() -> Any:
         import transformers
     except ImportError:
         raise ConfigError(MISSING_EXTRA) from None
+    transformers.utils.logging.disable_progress_bar()  # its bars would interleave with our own output
     return transformers
 
 
