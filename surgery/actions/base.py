@@ -220,7 +220,8 @@ def seed_for(seed: int, action: str) -> int:
 
 def generator_for(seed: int, action: str, device: torch.device) -> torch.Generator:
     """A generator seeded from the run seed and the action name, so runs are reproducible."""
-    gen = torch.Generator(device=device)
+    # meta has no generator, and nothing is drawn there: torch's init functions accept a cpu one for meta tensors
+    gen = torch.Generator(device="cpu" if device.type == "meta" else device)
     gen.manual_seed(seed_for(seed, action))
     return gen
 

@@ -78,6 +78,12 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
         raise ConfigError(f"model: cannot build {target!r}: {instantiate_reason(e, target)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target!r} built a {type(model).__name__}, not a torch.nn.Module")
+    first = next(iter(model.parameters()), None)
+    if not meta and first is not None and first.is_meta:
+        raise ConfigError(
+            f"model: {target!r} builds on the meta device (shapes, no weights); use device=meta with mode=plan or"
+            " mode=modules"
+        )
     if checkpoint and load and not meta:  # a plan on meta needs the names and shapes, which the config gives
         load_checkpoint(model, checkpoint)
     model = model.to(device=device, dtype=getattr(torch, settings.dtype))

@@ -98,3 +98,43 @@ def bert_tiny(
         **overrides,
     }
     return hf.BertForMaskedLM(hf.BertConfig(**fields)).eval()
+
+
+def llama_meta(
+    num_hidden_layers: int = 80,
+    hidden_size: int = 8192,
+    intermediate_size: int = 28672,
+    num_attention_heads: int = 64,
+    num_key_value_heads: int = 8,
+    vocab_size: int = 128256,
+    max_position_embeddings: int = 8192,
+    **overrides: Any,
+) -> nn.Module:
+    """A ``LlamaForCausalLM`` built on the meta device: names, shapes and dtypes of a 70B-class tree, no weights.
+
+    For ``mode=plan`` and ``mode=modules`` with ``device=meta``: nothing is allocated or initialised
+    (``no_init_weights``), so 80 layers of hidden size 8192 build in well under a second once
+    transformers is imported. Layers are ``model.layers.0..N-1`` (``LlamaDecoderLayer``), each with
+    ``self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` (``nn.Linear``).
+
+    >>> model = llama_meta(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
+    """
+    import torch
+
+    hf = _transformers()
+    from transformers.initialization import no_init_weights
+
+    fields: dict[str, Any] = {
+        "num_hidden_layers": num_hidden_layers,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+        "use_cache": False,
+        "attn_implementation": "eager",
+        **overrides,
+    }
+    with torch.device("meta"), no_init_weights():
+        return hf.LlamaForCausalLM(hf.LlamaConfig(**fields)).eval()
