@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from surgery.actions.sharded import fsdp1_hint, refuse_on_fsdp1
 from surgery.core.calls import CallCounter, gated, parse_calls
 from surgery.core.globs import compile_globs
 from surgery.core.ledger import Ledger
@@ -167,13 +168,14 @@ def tensors_of(
         hint = f" Closest {what} names: {', '.join(closest_names(pattern, names))}." if names else ""
         raise NoMatchError(
             f"{ctx.where}.param: {pattern!r} matched no {what} of the {len(targets)} selected module(s).{hint}"
-            " Set allow_empty: true if that is expected."
+            f"{fsdp1_hint(ctx.root)} Set allow_empty: true if that is expected."
         )
     return found
 
 
 def check_grad_hooks(found: list[tuple[Target, str, TensorSpec]], ctx: BindContext) -> None:
     """A tensor hook needs a parameter that requires grad when the hook is registered; refuse it now."""
+    refuse_on_fsdp1(modules_of(found), ctx.root, f"{ctx.where}.param", "a gradient hook")
     for target, name, _ in found:
         tensor = find_tensor(target.module, name)
         if tensor is None:

@@ -27,6 +27,7 @@ from surgery.actions.base import (
 )
 from surgery.actions.functions import inside_step, modify_on, replace_on
 from surgery.actions.ops import make_op
+from surgery.actions.sharded import whole
 from surgery.actions.sources import SourceContext, source_shape
 from surgery.core.callables import resolve_callable
 from surgery.core.ledger import Ledger
@@ -52,8 +53,8 @@ def _linear(weight: str, bias: str | None) -> Compute:
     """x @ W.T + b for a matrix W; x * W + b for a scalar-like W (the seeds' Functions)."""
 
     def compute(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        w = tensor_named(m, weight)
-        b = tensor_named(m, bias) if bias is not None else None
+        w = whole(tensor_named(m, weight))  # FSDP2 reshards before later forward hooks: gather the whole weight
+        b = whole(tensor_named(m, bias)) if bias is not None else None
         if w.dim() >= 2:
             return F.linear(args[0], w, b)
         y = args[0] * w

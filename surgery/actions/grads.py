@@ -34,6 +34,7 @@ from surgery.actions.base import (
     tensors_of,
 )
 from surgery.actions.ops import make_op
+from surgery.actions.sharded import grad_tensor
 from surgery.core.ledger import Ledger
 from surgery.core.records import Call
 from surgery.core.schema import GRAD_OPS, CaptureGradAction, ModifyGradAction
@@ -55,11 +56,13 @@ def _each_param(
     found: list[tuple[Target, str, TensorSpec]],
     make_hook: Callable[[str, nn.Module], Callable],
     cfg: Any,
+    root: nn.Module,
 ) -> None:
-    """Register one tensor hook per matched parameter, looked up at apply time."""
+    """Register one tensor hook per matched parameter, looked up at apply time (FSDP2: on its unsharded parameter)."""
     for target, pname, _ in ledger.each(action, found, lambda f: full_name(f[0], f[1])):
         key = full_name(target, pname)
-        hook_on(ledger, tensor_named(target.module, pname).register_hook, make_hook(key, target.module), cfg)
+        tensor = grad_tensor(root, tensor_named(target.module, pname))  # what autograd uses (surgery/actions/sharded)
+        hook_on(ledger, tensor.register_hook, make_hook(key, target.module), cfg)
 
 
 def _no_prepend(cfg: Any, where: str) -> None:
@@ -85,6 +88,7 @@ class CaptureGrad(Kind):
             _no_prepend(cfg, ctx.where)
             found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
             check_grad_hooks(found, ctx)
+            root = ctx.root
 
             def apply_params(ledger: Ledger) -> None:
                 if cfg.plot:
@@ -94,7 +98,7 @@ class CaptureGrad(Kind):
                     calls = ledger.record(action, key).calls
                     return lambda grad: calls.append(Call(grad=grad.detach().clone()))  # own copy: see _own_copies
 
-                _each_param(ledger, action, found, make_hook, cfg)
+                _each_param(ledger, action, found, make_hook, cfg, root)
 
             return Step(ctx.name, self.name, TENSOR_HOOK, cfg, modules_of(found), apply_params, tensors_named(found))
         what = cfg.what
@@ -145,6 +149,7 @@ class ModifyGrad(Kind):
             _no_prepend(cfg, where)
             found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
             check_grad_hooks(found, ctx)
+            root = ctx.root
 
             def apply_params(ledger: Ledger) -> None:
                 op = build()
@@ -158,7 +163,7 @@ class ModifyGrad(Kind):
 
                     return hook
 
-                _each_param(ledger, action, found, make_hook, cfg)
+                _each_param(ledger, action, found, make_hook, cfg, root)
 
             return Step(ctx.name, self.name, TENSOR_HOOK, cfg, modules_of(found), apply_params, tensors_named(found))
         item = cfg.item

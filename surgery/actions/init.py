@@ -21,6 +21,7 @@ from surgery.actions.base import (
     tensors_named,
     tensors_of,
 )
+from surgery.actions.sharded import fill_whole, is_dtensor, refuse_on_fsdp1
 from surgery.core.ledger import Ledger
 from surgery.core.schema import INIT_METHODS, InitAction, InitSpec
 from surgery.core.select import Target
@@ -91,6 +92,7 @@ class Init(Kind):
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Resolve the parameters and check the method fits each one."""
         found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
+        refuse_on_fsdp1(modules_of(found), ctx.root, f"{ctx.where}.param", "init")
         for target, pname, spec in found:
             check_fits(cfg, spec.shape, spec.dtype, f"{ctx.where}.method ({full_name(target, pname)})")
         by_module: dict[int, list[str]] = {}
@@ -109,7 +111,8 @@ class Init(Kind):
                     tensor = tensor_named(module, pname)
                     if tensor.device not in generators:
                         generators[tensor.device] = generator_for(seed, action, tensor.device)
-                    ledger.overwrite(tensor, partial(fill_, spec=cfg, gen=generators[tensor.device]))
+                    fill = partial(fill_, spec=cfg, gen=generators[tensor.device])
+                    ledger.overwrite(tensor, partial(fill_whole, fill=fill) if is_dtensor(tensor) else fill)
 
             with torch.no_grad():
                 root.apply(visit)

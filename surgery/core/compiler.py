@@ -17,6 +17,7 @@ from torch import nn
 
 from surgery.actions import KINDS
 from surgery.actions.base import BindContext, Step
+from surgery.actions.sharded import ddp_warnings
 from surgery.core.paths import config_dir, group_options
 from surgery.core.schema import validate
 from surgery.core.select import ModuleIndex, Target, as_list, closest_names
@@ -69,6 +70,7 @@ class Plan:
         if self._warnings is None:
             index = self.index if self.index is not None else ModuleIndex.of(self.model)
             self._warnings = overlap_warnings(self.steps) + partial_structure_warnings(self.steps, index)
+            self._warnings += ddp_warnings(self.model, self.steps)  # changes DDP cannot follow after wrapping
         return self._warnings
 
     @property

@@ -175,6 +175,14 @@ def _qualified_names(cls: type) -> list[str]:
     return [".".join(parts[:k]) + "." + cls.__qualname__ for k in range(1, len(parts) + 1)]
 
 
+def original_class(cls: type) -> type:
+    """The class FSDP2's ``fully_shard`` renamed (``FSDPLinear`` is ``(FSDPModule, Linear)``): ``type:`` sees it."""
+    bases = cls.__bases__
+    if len(bases) == 2 and bases[0].__name__ == "FSDPModule" and cls.__name__ == f"FSDP{bases[1].__name__}":
+        return bases[1]
+    return cls
+
+
 def type_matcher(patterns: Sequence[str], where: str) -> Callable[[type], bool]:
     """Return ``matches(cls)`` for class-name globs and qualified globs, cached per class."""
     if isinstance(patterns, str):
@@ -188,8 +196,9 @@ def type_matcher(patterns: Sequence[str], where: str) -> Callable[[type], bool]:
     def matches(cls: type) -> bool:
         hit = cache.get(cls)
         if hit is None:
-            hit = short_match(cls.__name__) is not None or (
-                bool(dotted) and any(dotted_match(q) for q in _qualified_names(cls))
+            seen = original_class(cls)
+            hit = short_match(seen.__name__) is not None or (
+                bool(dotted) and any(dotted_match(q) for q in _qualified_names(seen))
             )
             cache[cls] = hit
         return hit
