@@ -29,7 +29,7 @@ def test_disk_capture_writes_one_shard_per_batch_with_every_batchs_tensors(tmp_p
     names = [f"layers.{i}.fc" for i in range(3)] + ["head"]
     assert set(shards[0]) == {f"capture/{name}/output" for name in names}
     job = prepared("+model=mlp", "+input.batches=3")  # each batch's tensors, by hand-written hooks
-    inputs = [batch for batch, _ in job.data]
+    inputs = [batch.args for batch in job.data]
     for batch, shard in enumerate(shards):
         want = outputs_of(job.model, names, inputs[batch])
         assert all(torch.equal(shard[f"capture/{name}/output"], want[name]) for name in names), batch

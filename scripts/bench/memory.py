@@ -115,6 +115,7 @@ def cli_case(mode: str, batches: int) -> dict[str, Any]:
             "-m",
             "surgery",
             "+model=cnn",
+            "+input=random",  # the cnn's default input is the digits data set; this measures batches of noise
             "+actions=capture",
             f"+input.batches={batches}",
             f"+input.shape=[{BATCH},1,28,28]",

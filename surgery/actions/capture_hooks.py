@@ -17,7 +17,7 @@ from torch import nn
 
 from surgery.actions.base import hook_failed, hook_on
 from surgery.core.ledger import Ledger
-from surgery.core.records import Call, Record, detached, stamps_of
+from surgery.core.records import Call, Record, detached, stamps_of, version_of
 from surgery.core.select import Target
 from surgery.core.structure import get_item
 
@@ -41,7 +41,7 @@ def output_hook(record: Record, detach: bool, last: bool) -> Callable[..., None]
         def keep_last(m: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if type(output) is torch.Tensor:
                 t = output.detach() if detach else output
-                latest[0] = (t, None if t.is_inference() else t._version)  # inference tensors keep no version
+                latest[0] = (t, version_of(t))
             else:
                 latest[0] = (detached(output) if detach else output, None)
 
@@ -50,7 +50,7 @@ def output_hook(record: Record, detach: bool, last: bool) -> Callable[..., None]
     def keep_all(m: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if type(output) is torch.Tensor:
             t = output.detach() if detach else output
-            outputs.append((t, None if t.is_inference() else t._version))
+            outputs.append((t, version_of(t)))
         else:
             outputs.append((detached(output) if detach else output, None))
 

@@ -34,8 +34,19 @@ def stamps_of(value: Any) -> tuple[tuple[torch.Tensor, int], ...]:
     items = (value,) if isinstance(value, torch.Tensor) else value.values() if isinstance(value, dict) else value
     if not isinstance(items, (tuple, list)) and not isinstance(value, dict):
         return ()
-    # inference-mode tensors (Lightning's validate/test loops) keep no version counter: nothing to compare
-    return tuple((t, t._version) for t in items if isinstance(t, torch.Tensor) and not t.is_inference())
+    versions = [(t, version_of(t)) for t in items if isinstance(t, torch.Tensor)]
+    return tuple((t, v) for t, v in versions if v is not None)
+
+
+def version_of(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, or None for an inference-mode tensor (Lightning's eval loops), which has none.
+
+    A try rather than ``is_inference()``, which torch.compile cannot trace.
+    """
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 class Running:

@@ -87,6 +87,8 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Te
 @metric("agreement", "share of examples whose argmax equals the unmodified model's", labels=False)
 def _agreement(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
     z, _ = rows(logits)
+    if logits is reference:  # the unmodified model against itself: every example agrees
+        return float(len(z)), len(z)
     r, _ = rows(reference)
     return float((z.argmax(-1) == r.argmax(-1)).sum()), len(z)
 
@@ -94,6 +96,8 @@ def _agreement(logits: torch.Tensor, labels: torch.Tensor | None, reference: tor
 @metric("kl", "mean KL(unmodified ‖ surgered) of the softmax over classes", labels=False)
 def _kl(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
     z, _ = rows(logits)
+    if logits is reference:  # KL of a distribution with itself is exactly 0 (log p - log p)
+        return 0.0, len(z)
     r, _ = rows(reference)
     kl = F.kl_div(z.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="sum")
     return float(kl), len(z)
@@ -134,7 +138,10 @@ class Scores:
         self.counts = dict.fromkeys((m.name for m in self.metrics), 0)
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> None:
-        """Add one batch."""
+        """Add one batch (logits in float64 once, shared by every metric)."""
+        same = logits is reference
+        logits = logits.detach().double()
+        reference = logits if same else reference.detach().double()
         for m in self.metrics:
             total, count = m.batch(logits, labels, reference)
             self.sums[m.name] += total

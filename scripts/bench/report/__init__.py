@@ -21,8 +21,9 @@ from scripts.bench.common import ROOT, machine, version_of
 from scripts.bench.report.hooks import overhead_section, peers_section, peers_target
 from scripts.bench.report.markdown import load, table
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
+from scripts.bench.report.studies import data_section
 
-BENCHES = ["overhead", "plan", "memory", "compile", "startup"]
+BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data"]
 BUDGET_S = 600
 
 
@@ -53,8 +54,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     p_md, p_t, p_m = plan_section(load(results, "plan"))
     c_md, c_t, c_m = compile_section(load(results, "compile"))
     s_md, s_t, s_m = startup_section(load(results, "startup"))
+    d_md, d_t, d_m = data_section(load(results, "data"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t
     lines = [
         "# Benchmarks",
         "",
@@ -85,7 +87,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -94,7 +96,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         why = why_lines(results, misses)
         lines += ["### Over a target, and why", "", *[f"- {m}" for m in misses], ""]
         lines += ["Where the time goes (measured in the same run):", "", *why, ""] if why else []
-    lines += o_md + peers_section(overhead) + p_md + memory_section(load(results, "memory")) + c_md + s_md
+    lines += o_md + peers_section(overhead) + p_md + memory_section(load(results, "memory")) + c_md + s_md + d_md
     return "\n".join(lines).rstrip() + "\n"
 
 
