@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from surgery.app.inputs import batch_count, make_inputs
+from surgery.app.inputs import INPUT_KINDS, batch_count, make_inputs
 from surgery.errors import ConfigError
 
 
@@ -57,6 +57,7 @@ def input_spec(model_input: Mapping[str, Any], given: Mapping[str, Any]) -> dict
     When the run picks another kind (``+input=random`` on a model whose default is a data set), only
     the defaults every kind shares (``shape``, ``shapes``, ``target``) are kept.
     """
+    given = {k: v for k, v in given.items() if v != "???"}  # a required key left unset: as if not given
     model_kind = model_input.get("kind") or "random"
     kind = given.get("kind") or model_kind
     if kind == model_kind:
@@ -117,7 +118,7 @@ def _dataset_batches(spec: Mapping[str, Any], dtype: torch.dtype, device: torch.
     return Batches(first, len(loader), first.labels is not None, examples, where, _iterator=every())
 
 
-TEXT_KEYS = ("kind", "prompt", "prompts", "tokenizer", "shape", "shapes", "target")
+TEXT_KEYS = INPUT_KINDS["text"]
 
 
 def _text_batches(
