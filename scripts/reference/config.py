@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from surgery.actions import KINDS
 from surgery.core import schema
@@ -143,6 +143,51 @@ def kinds() -> list[str]:
     return lines
 
 
+def model_keys() -> list[str]:
+    """The keys of a model config: surgery's own, then the shipped model configs' constructor arguments."""
+    from surgery.app.build import MODEL_KEYS
+
+    lines = [
+        "## Model configs",
+        "",
+        "A model config (`conf/model/NAME.yaml`, or your own) names what builds the model; surgery reads these keys:",
+        "",
+        *table(["key", "meaning"], [[f"`{k}`", v] for k, v in MODEL_KEYS.items()]),
+        "",
+        "Every other key is passed to `_target_` as a keyword argument (a required one is `???`,"
+        " given on the command line, e.g. `model.path=DIR`). The shipped configs' arguments:",
+        "",
+    ]
+    rows = []
+    for option in group_options("model"):
+        path = config_dir() / "model" / f"{option}.yaml"
+        node = OmegaConf.load(path)
+        keys = [f"`{k}`" for k in map(str, node) if k not in MODEL_KEYS]
+        rows.append([f"`{option}`", f"`{node.get('_target_')}`", ", ".join(keys) or "-"])
+    lines += [*table(["option", "_target_", "arguments"], rows), ""]
+    return lines
+
+
+def input_keys() -> list[str]:
+    """The input kinds and the keys each takes (``surgery.app.inputs.INPUT_KINDS``)."""
+    from surgery.app.inputs import INPUT_KINDS, KEY_MEANINGS
+    from surgery.data.loader import DatasetInput
+
+    dataset = line_comments(DatasetInput)
+    lines = [
+        "## Input keys",
+        "",
+        "The run's `input` (`+input=KIND`, or `input.KEY=VALUE` over the model's defaults) and a model config's"
+        " `input`; `kind` picks what the other keys mean. Keys of each kind:",
+        "",
+    ]
+    for kind, keys in INPUT_KINDS.items():
+        meanings = {**KEY_MEANINGS, **dataset} if kind == "dataset" else KEY_MEANINGS
+        rows = [[f"`{key}`", meanings.get(key, "") if key != "kind" else f"`{kind}`"] for key in keys]
+        lines += [f"### `kind: {kind}`", "", *table(["key", "meaning"], rows), ""]
+    return lines
+
+
 def config_groups() -> list[str]:
     """The options of each config group with the description at the top of its file."""
     lines = ["## Config groups", "", "Choose one option of a group with `+GROUP=NAME`, e.g. `+model=cnn`.", ""]
@@ -162,4 +207,5 @@ def render() -> str:
         "Generated from the code by `python scripts/gen_reference.py`: do not edit by hand.",
         "",
     ]
-    return "\n".join(header + run_settings() + common_keys() + kinds() + config_groups()).rstrip() + "\n"
+    sections = run_settings() + model_keys() + input_keys() + common_keys() + kinds() + config_groups()
+    return "\n".join(header + sections).rstrip() + "\n"

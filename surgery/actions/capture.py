@@ -12,6 +12,7 @@ from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, ShapeCh
 from surgery.actions.capture_hooks import item_of, output_hook, register_calls, stop_at_root, stop_hook
 from surgery.actions.functions import capture_on, inside_step
 from surgery.core.ledger import Ledger
+from surgery.core.output import say
 from surgery.core.records import Record
 from surgery.core.schema import CaptureAction, LogAction
 from surgery.core.select import Target
@@ -130,7 +131,7 @@ class Log(Kind):
                 def hook(m: nn.Module, args: tuple[Any, ...], output: Any, name: str = name) -> None:
                     try:
                         shapes = f"in {describe(args, stats)} -> out {describe(output, stats)}"
-                        print(f"[{action}] {name} ({type(m).__name__}): {shapes}", flush=True)
+                        say(f"[{action}] {name} ({type(m).__name__}): {shapes}")
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 

@@ -14,7 +14,14 @@ from surgery.core.callables import check_targets, instantiate_reason
 from surgery.core.schema import RunSettings, validate
 from surgery.errors import ConfigError, SurgeryError, did_you_mean
 
-MODEL_EXTRAS = ("checkpoint", "input")
+# The keys of a model config that surgery reads itself; every other key is an argument of _target_.
+MODEL_KEYS = {
+    "_target_": "the class or function that builds the model, e.g. mynet.TinyNet: imported from the directory"
+    " you started in, or from PYTHONPATH",
+    "checkpoint": "weights loaded after building: .safetensors, or a .pt/.pth state_dict (weights_only=True)",
+    "input": "the model's input defaults (the input keys below); the run's input overrides them",
+}
+MODEL_EXTRAS = ("checkpoint", "input")  # read by surgery, not passed to _target_
 
 
 GROUP_KEYS = ("model", "actions", "input")

@@ -6,12 +6,15 @@ Exit codes: 0 success; 2 a bad config or input (one message, no traceback unless
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from surgery.core.paths import config_dir, group_options
 from surgery.errors import SurgeryError
@@ -24,9 +27,9 @@ class InternalFailure(SystemExit):
     """Our own exit 1, told apart from Hydra's exit 1 for a bad override; launchers re-raise it intact."""
 
 
-def usage() -> str:
-    """The short help printed when no model is given."""
-    groups = {g: group_options(g) for g in ("model", "actions", "input", "experiment")}
+def usage(options: Callable[[str], list[str]] = group_options) -> str:
+    """The short help printed when no model is given; ``options`` lists a group's options (the user's too)."""
+    groups = {g: options(g) for g in ("model", "actions", "input", "experiment")}
     lines = [
         "surgery: declarative model surgery for PyTorch.",
         "",
@@ -37,24 +40,35 @@ def usage() -> str:
         "  python -m surgery --help                               every setting (Hydra)",
         "",
     ]
-    for group, options in groups.items():
-        lines.append(f"{group + ':':12}{', '.join(options) or '(none)'}")
+    for group, names in groups.items():
+        lines.append(f"{group + ':':12}{', '.join(names) or '(none)'}")
     lines += ["", "Example: python -m surgery +model=cnn +actions=linearize"]
     return "\n".join(lines)
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def _task(cfg: DictConfig) -> None:
-    if cfg.get("model") is None:
-        print(usage())
-        return
     from hydra.core.hydra_config import HydraConfig
+
+    from surgery.core.output import say, use_logging
+
+    use_logging(True)  # Hydra has configured logging now: lines go to the console and surgery.log
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    if cfg.get("model") is None:
+        _remove_run_dir(out_dir)
+        if not hydra_cfg.overrides.task:  # only --config-dir or hydra.searchpath: the overview, with their configs
+            print(usage(_user_options))
+            return
+        models = ", ".join(_user_options("model"))
+        print(f"error: model: no model chosen; add +model=NAME (models: {models})", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
     from surgery.app.job import run_job
 
     verbose = bool(cfg.get("verbose", False))
     try:
-        run_job(cfg, Path(HydraConfig.get().runtime.output_dir))
+        run_job(cfg, out_dir)
     except SurgeryError as e:
         if verbose:
             traceback.print_exc()
@@ -66,55 +80,66 @@ def _task(cfg: DictConfig) -> None:
             "error: an unexpected internal failure (exit 1); please report it with the traceback above", file=sys.stderr
         )
         raise InternalFailure(EXIT_INTERNAL) from None
+    if cfg.get("mode") == "plan":
+        more = "" if verbose else "; verbose=true prints them here"
+        say(f"every matched name: {out_dir / 'report.json'}{more}")
+    elif cfg.get("mode") == "modules":
+        say(f"wrote {out_dir} (the table is in its surgery.log)")
 
 
-def _safe_in(config: DictConfig) -> bool:
-    """Whether a composed config asks for safe mode: anything but an explicit false (it is not validated yet)."""
-    value = OmegaConf.select(config, "safe", default=False, throw_on_resolution_failure=False)
-    return value not in (False, None, 0, "false", "False")
+def _user_options(group: str) -> list[str]:
+    """A group's options on Hydra's search path: the shipped ones and those of --config-dir or hydra.searchpath."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        searchpath = [o for o in HydraConfig.get().overrides.hydra if str(o).startswith("hydra.searchpath")]
+        found = GlobalHydra.instance().config_loader().get_group_options(group, overrides=searchpath)
+    except Exception:  # noqa: BLE001 - the overview still lists the shipped options
+        return group_options(group)
+    return sorted(set(found))
 
 
-def _guard_hydra_callbacks() -> None:
-    """Check ``hydra.callbacks`` against the safe-mode allowlist before Hydra builds them.
-
-    Hydra instantiates its callbacks (``Callbacks(cfg)``, right after composing, before the run
-    directory or the task) with no hook of its own, so the check wraps that constructor.
-    """
-    from hydra._internal.callbacks import Callbacks
-
-    from surgery.core.callables import check_callbacks, refusal
-
-    build = Callbacks.__init__
-    if getattr(build, "surgery_guard", False):
+def _remove_run_dir(out_dir: Path) -> None:
+    """Remove a run directory that holds only what Hydra wrote on its own, and its emptied parents up to cwd."""
+    ours = {".hydra", "surgery.log"}
+    if not out_dir.is_dir() or not {p.name for p in out_dir.iterdir()} <= ours:
         return
-
-    def guarded(self: Callbacks, config: DictConfig | None = None) -> None:
-        if config is not None and _safe_in(config):
-            try:
-                try:
-                    callbacks = OmegaConf.to_container(OmegaConf.select(config, "hydra.callbacks"), resolve=True)
-                except Exception:  # noqa: BLE001 - what cannot be read cannot be checked
-                    raise refusal("hydra.callbacks", OmegaConf.select(config, "hydra.callbacks")) from None
-                check_callbacks(callbacks, safe=True)
-            except SurgeryError as e:
-                print(f"error: {e}", file=sys.stderr)
-                sys.exit(EXIT_BAD_INPUT)
-        build(self, config)
-
-    guarded.surgery_guard = True  # type: ignore[attr-defined]
-    Callbacks.__init__ = guarded  # type: ignore[method-assign]
+    shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
+    (out_dir / "surgery.log").unlink(missing_ok=True)
+    cwd = Path.cwd().resolve()
+    for directory in [out_dir.resolve(), *out_dir.resolve().parents]:
+        if directory == cwd or cwd not in directory.parents:
+            break
+        try:
+            directory.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def main() -> None:
     """Entry point of ``python -m surgery`` and the ``surgery`` console script."""
+    # A user's own module (_target_: mynet.TinyNet) imports from where they started, as with python -m;
+    # Hydra 1.3 with hydra.job.chdir false (the default here) never changes directory.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    # Hugging Face libraries' own progress bars (transformers, datasets, hub) would interleave with our output.
+    for variable in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        os.environ.setdefault(variable, "1")
     if len(sys.argv) == 1:  # no model, no overrides: help without creating a run directory
         print(usage())
         return
-    _guard_hydra_callbacks()
+    from surgery.app.hydra_hooks import install
+
+    install()
     try:
         _task()
     except InternalFailure:
         sys.exit(EXIT_INTERNAL)
+    except BrokenPipeError:  # e.g. --help | head: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
     except SystemExit as e:
         # Hydra reports its own composition errors (unknown option, bad override) with exit 1;
         # those are bad input, so they exit 2 like ours.

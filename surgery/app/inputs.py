@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,35 @@ import torch
 
 from surgery.actions.base import generator_for
 from surgery.app.io import read_input_file
+from surgery.data.loader import DatasetInput
 from surgery.errors import ConfigError
 
-INPUT_KEYS = ("kind", "shape", "shapes", "path", "key", "target", "vocab", "seed", "batches", "digit")
+# What each input key means, and which keys each input kind takes: validation and docs/config.md read both.
+KEY_MEANINGS = {
+    "kind": "random (default) | tokens | digit | file | dataset | text",
+    "shape": "the input's shape [batch, ...]; one positional input",
+    "shapes": "several positional inputs, one shape each (replaces shape)",
+    "seed": "null: the run seed; another value gives another input for the same model",
+    "batches": "how many batches to run (default 1), each drawn afresh from the seed",
+    "target": "class index for loss=cross_entropy|kl_div when the input has no labels",
+    "vocab": "token ids are drawn from [0, vocab)",
+    "digit": "which digit to draw, 0..9 (default 3)",
+    "path": "the file; relative paths are taken from the directory you started in",
+    "key": ".safetensors / .pt dict: which tensor (default: the only one, or the first)",
+    "prompt": "one prompt",
+    "prompts": "several prompts (replaces prompt), padded on the left into one batch",
+    "tokenizer": "null: the model's directory (model.path); or a tokenizer directory or tokenizer.json",
+}
+INPUT_KINDS: dict[str, tuple[str, ...]] = {
+    "random": ("kind", "shape", "shapes", "seed", "batches", "target"),
+    "tokens": ("kind", "shape", "shapes", "vocab", "seed", "batches", "target"),
+    "digit": ("kind", "digit", "shape", "seed", "batches", "target"),
+    "file": ("kind", "path", "key", "shape", "target"),
+    "dataset": tuple(f.name for f in dataclasses.fields(DatasetInput)),  # meanings: DatasetInput's comments
+    "text": ("kind", "prompt", "prompts", "tokenizer", "shape", "shapes", "target"),
+}
+# The tensor kinds (all but dataset and text) share one check, so a key another of them takes is never refused.
+INPUT_KEYS = tuple(dict.fromkeys(k for kind in ("random", "tokens", "digit", "file") for k in INPUT_KINDS[kind]))
 
 
 def batch_count(spec: Mapping[str, Any]) -> int:
@@ -73,7 +100,7 @@ def make_inputs(
         top, left = (side - h) // 2, (side - w) // 2  # centre crop for a non-square input
         image = render_digit(digit, size=side, seed=seed + batch)[..., top : top + h, left : left + w]
         return (image.expand(n, c, h, w).contiguous().to(device=device, dtype=dtype),)
-    raise ConfigError(f"input.kind: {kind!r} is not one of random, tokens, digit, file, dataset")
+    raise ConfigError(f"input.kind: {kind!r} is not one of {', '.join(INPUT_KINDS)}")
 
 
 def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:

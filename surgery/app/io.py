@@ -28,10 +28,18 @@ def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp (and safetensors) make 0600; give open()'s usual mode, as Hydra's
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process umask (reading it means setting it; set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: Path, data: Any) -> None:

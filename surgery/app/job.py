@@ -30,20 +30,26 @@ from surgery.app.report import difference, environment, fingerprint, first_tenso
 from surgery.app.scoring import Scoring, metric_names, summary
 from surgery.core.compiler import Plan, compile_plan, load_actions
 from surgery.core.engine import Surgery, apply_plan
+from surgery.core.output import say
 from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.data.metrics import Metric
 from surgery.errors import ActionError, ConfigError, SurgeryError
 
 
-def forward(model: nn.Module, batch: Batch, settings: RunSettings, target: Any) -> Any:
-    """Run the model on one batch; with ``backward`` also the loss's backward pass so backward hooks fire."""
+def forward(
+    model: nn.Module, batch: Batch, settings: RunSettings, target: Any, losses: list[float] | None = None
+) -> Any:
+    """Run the model on one batch; with ``backward`` also the loss's backward pass (its value kept in ``losses``)."""
     if not settings.backward:
         with torch.no_grad():
             return model(*batch.args, **batch.kwargs)
     args = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in batch.args)  # token ids stay ints
     output = model(*args, **batch.kwargs)
-    loss_of(first_tensor(output), settings.loss, target).backward()
+    loss = loss_of(first_tensor(output), settings.loss, target)
+    if losses is not None:
+        losses.append(float(loss.detach()))
+    loss.backward()
     return output
 
 
@@ -73,6 +79,7 @@ class Job:
     timings: dict[str, float] = field(default_factory=dict)
     interrupts: Interrupts = field(default_factory=Interrupts)  # run_job's, checked after every batch
     reached: Reached = field(default_factory=Reached)
+    losses: list[float] = field(default_factory=list)  # with backward: the surgered model's loss, per batch
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
@@ -135,7 +142,11 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
         return {}
     job.interrupts, job.reached = interrupts, reached
     reached.mode, reached.batches = job.settings.mode, job.batches
-    print(job.plan)
+    say(job.plan)
+    if job.settings.verbose:
+        from surgery.app.report import every_match
+
+        say(every_match(job.plan.to_dict()))
     report: dict[str, Any] = {
         "mode": job.settings.mode,
         "seed": job.settings.seed,
@@ -173,7 +184,7 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
     from surgery.app.report_md import write_report_md
 
     write_report_md(report, out_dir, [out_dir / p for p in report["plots"]])
-    print(summary_line(report, out_dir))
+    say(summary_line(report, out_dir))
     return report
 
 
@@ -189,7 +200,7 @@ def prepare(cfg: DictConfig) -> Job | None:
     )
     model = build_model(cfg.model, settings, device, load=not load_late)
     if settings.mode == "modules":
-        print(module_table(model))
+        say(module_table(model))
         return None
     spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
     made_on = input_device(device)  # meta: drawn on cpu, batch 0 moved to meta for the probe (surgery/app/build.py)
@@ -238,6 +249,7 @@ def surgered_run(
     state_before = fingerprint(model.state_dict())
     modules_before, params_before = _counts(model)
     original = unmodified_forward(job) if settings.compare else None
+    original_loss = job.losses.pop() if job.losses else None  # the unmodified model's, batch 0
     model.zero_grad(set_to_none=True)
     text = job.data.text is not None
     scoring = Scoring(job.metrics, model, job.plan, text) if job.metrics else None  # a copy, if any, is made now
@@ -289,6 +301,7 @@ def surgered_run(
         "complete": done == job.batches,
         "input": [stats(x) for x in job.inputs],
         "output": stats(first_tensor(output)),
+        "backward": backward_record(job, original_loss) if settings.backward else None,
         "original_output": stats(first_tensor(original)) if settings.compare else None,
         "difference": difference(first_tensor(output), first_tensor(original)) if settings.compare else None,
         "captures": {"file": "captures.safetensors" if captures else None, "count": len(captures), "shards": shards},
@@ -307,10 +320,17 @@ def surgered_run(
     return body, captures, saved, output
 
 
+def backward_record(job: Job, original: float | None) -> dict[str, Any]:
+    """What the backward pass started from: the loss, its value on batch 0 (and the unmodified model's), the mean."""
+    losses = job.losses
+    mean = sum(losses) / len(losses) if losses else None
+    return {"loss": job.settings.loss, "value": losses[0] if losses else None, "original": original, "mean": mean}
+
+
 def unmodified_forward(job: Job) -> Any:
     """The model before surgery on batch 0; failing here is the input's fault, not the surgery's."""
     try:
-        return forward(job.model, job.data.first, job.settings, target_of(job, job.data.first))
+        return forward(job.model, job.data.first, job.settings, target_of(job, job.data.first), job.losses)
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -327,7 +347,7 @@ def target_of(job: Job, batch: Batch) -> Any:
 def surgered_forward(job: Job, batch: Batch) -> Any:
     """The surgered model on one batch; failing outside our hooks means the surgery broke it: bad config."""
     try:
-        return forward(job.model, batch, job.settings, target_of(job, batch))
+        return forward(job.model, batch, job.settings, target_of(job, batch), job.losses)
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001

@@ -26,15 +26,27 @@ MAX_SIDE = 256  # feature maps larger than this are averaged down before drawing
 WHATS = ("input", "output", "grad_input", "grad_output", "grad")
 
 
-def plot_tensor(tensor: torch.Tensor, title: str, path: Path) -> Path:
+def plot_tensor(tensor: torch.Tensor, title: str, path: Path, gradient: bool = False) -> Path:
     """Write a PNG of ``tensor`` to ``path`` (atomically) and return ``path``.
 
     A spatial tensor (``[C, H, W]``, or ``[N, C, H, W]`` of which the first example is shown)
-    becomes a grid of up to 16 channel feature maps, each on its own colour scale; anything
-    else (1-D, 2-D, or 1×1 maps) a histogram of its values with mean and std.
+    becomes a grid of up to 16 channel feature maps, each on its own colour scale with a colour
+    bar; a ``gradient`` instead on one shared scale centred on zero (a diverging map, zero white)
+    with one labelled colour bar. Anything else (1-D, 2-D, or 1×1 maps) becomes a histogram of
+    its values with mean and std.
 
     Example: ``plot_tensor(torch.randn(2, 8, 7, 7), "capture · block3 · output", Path("block3.png"))``.
     """
+    fig = figure_of(tensor, title, gradient)
+    try:
+        write_atomic(path, lambda p: fig.savefig(p, format="png", dpi=DPI))
+    finally:
+        fig.clear()  # a Figure outside pyplot is freed with its last reference; drop the artists now
+    return path
+
+
+def figure_of(tensor: torch.Tensor, title: str, gradient: bool = False) -> Any:
+    """The matplotlib ``Figure`` that :func:`plot_tensor` saves."""
     from matplotlib.figure import Figure
 
     t = tensor.detach().to("cpu")
@@ -43,18 +55,14 @@ def plot_tensor(tensor: torch.Tensor, title: str, path: Path) -> Path:
         t = t[0]
     spatial = t.dim() == 3 and t.shape[-1] * t.shape[-2] > 1 and t.numel() > 0
     fig = Figure()
-    try:
-        if spatial:
-            _feature_maps(fig, t, tensor.shape, title)
-        else:
-            _histogram(fig, t, tensor.shape, title)
-        write_atomic(path, lambda p: fig.savefig(p, format="png", dpi=DPI))
-    finally:
-        fig.clear()  # a Figure outside pyplot is freed with its last reference; drop the artists now
-    return path
+    if spatial:
+        _feature_maps(fig, t, tensor.shape, title, gradient)
+    else:
+        _histogram(fig, t, tensor.shape, title)
+    return fig
 
 
-def _feature_maps(fig: Any, t: torch.Tensor, shape: torch.Size, title: str) -> None:
+def _feature_maps(fig: Any, t: torch.Tensor, shape: torch.Size, title: str, gradient: bool) -> None:
     channels = min(t.shape[0], MAX_CHANNELS)
     maps = t[:channels]
     if max(maps.shape[-2:]) > MAX_SIDE:  # a figure cell is ~180 px wide: average big maps down first
@@ -63,23 +71,36 @@ def _feature_maps(fig: Any, t: torch.Tensor, shape: torch.Size, title: str) -> N
         maps = torch.nn.functional.adaptive_avg_pool2d(maps.nan_to_num(), size)
     cols = math.ceil(math.sqrt(channels))
     rows = math.ceil(channels / cols)
-    width, height = 1.8 * cols + 0.4, 1.9 * rows + 0.7
+    width, height = (1.8 if gradient else 2.2) * cols + (1.2 if gradient else 0.4), 1.9 * rows + 0.7
     fig.set_size_inches(width, height)
     shown = f"channels 0–{channels - 1} of {t.shape[0]}" if channels < t.shape[0] else f"{channels} channels"
     fig.suptitle(f"{title}\n{list(shape)} · {shown}", fontsize=10, y=1 - 0.1 / height, va="top")
     # a fixed layout: matplotlib's constrained layout costs more than the drawing for 16 small axes
-    fig.subplots_adjust(left=0.2 / width, right=1 - 0.2 / width, bottom=0.1 / height, top=1 - 0.7 / height)
-    fig.subplots_adjust(wspace=0.1, hspace=0.25)
+    right = 1 - (1.0 if gradient else 0.2) / width  # a gradient's one colour bar goes in the margin on the right
+    fig.subplots_adjust(left=0.2 / width, right=right, bottom=0.1 / height, top=1 - 0.7 / height)
+    fig.subplots_adjust(wspace=0.1 if gradient else 0.45, hspace=0.25)  # room for activations' colour bars
+    # A gradient's sign is the point: zero white, both signs on one scale so channels can be compared.
+    finite_all = maps[torch.isfinite(maps)]
+    bound = max(finite_all.abs().max().item(), 1e-12) if gradient and finite_all.numel() else 1.0
+    image = None
     for c, ax in enumerate(fig.subplots(rows, cols, squeeze=False).flat):
         ax.set_xticks([])
         ax.set_yticks([])
         if c >= channels:
             ax.set_axis_off()
             continue
-        ax.imshow(maps[c].numpy(), cmap="viridis", interpolation="nearest")  # its own colour scale
+        if gradient:
+            image = ax.imshow(maps[c].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, interpolation="nearest")
+        else:  # an activation on its own colour scale, read off its own colour bar
+            own = ax.imshow(maps[c].numpy(), cmap="viridis", interpolation="nearest")
+            fig.colorbar(own, ax=ax, fraction=0.046, pad=0.03).ax.tick_params(labelsize=5)
         finite = t[c][torch.isfinite(t[c])]  # the range of the values themselves, not of the drawing
         scale_text = f" [{finite.min().item():.2g}, {finite.max().item():.2g}]" if finite.numel() else ""
         ax.set_title(f"c{c}{scale_text}", fontsize=7, pad=2)
+    if image is not None:
+        bar = fig.colorbar(image, cax=fig.add_axes((1 - 0.8 / width, 0.15, 0.15 / width, 0.6)))
+        bar.set_label("gradient (one scale for all channels; 0 is white)", fontsize=7)
+        bar.ax.tick_params(labelsize=6)
 
 
 def _histogram(fig: Any, t: torch.Tensor, shape: torch.Size, title: str) -> None:
@@ -158,7 +179,8 @@ def plot_records(captures: dict[str, dict[str, Record]], actions: set[str], out_
                     name += "-" + hashlib.sha256(f"{action}\x00{module}\x00{what}".encode()).hexdigest()[:8]
                 used.add(name)
                 title = f"{action} · {module} · {what}"
-                paths.append(plot_tensor(tensor, title, out_dir / "plots" / f"{name}.png"))
+                gradient = what.startswith("grad")
+                paths.append(plot_tensor(tensor, title, out_dir / "plots" / f"{name}.png", gradient))
     return paths
 
 

@@ -11,6 +11,7 @@ import torch
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP2 DTensor: this rank's shard (report.json: ranks)
     t = t.detach().to("cpu").contiguous()
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
@@ -124,3 +125,12 @@ def output_tensors(value: Any, prefix: str = "output") -> dict[str, torch.Tensor
     for key, item in items:
         found.update(output_tensors(item, f"{prefix}/{key}"))
     return found
+
+
+def every_match(plan: list[dict[str, Any]]) -> str:
+    """Every matched module (or tensor) name of each action, one action per block: what the plan table cuts short."""
+    blocks = []
+    for step in plan:
+        names = step.get("tensors") or step.get("matched") or []
+        blocks.append(f"{step['action']} ({len(names)}):" + "".join(f"\n  {name}" for name in names))
+    return "\n".join(blocks)

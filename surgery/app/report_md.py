@@ -51,6 +51,7 @@ def render_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[
         _model(report.get("model")),
         _tensors(report),
         _difference(report.get("difference"), "original_output" in report or "difference" in report),
+        _backward(report.get("backward")),
         _captures(report.get("captures"), out_dir),
         _images(images, out_dir),
         _key_values("Timings", {k.removesuffix("_s"): _seconds(v) for k, v in _dict(report, "timings")}),
@@ -214,12 +215,37 @@ def _capture_table(path: Path) -> str:
         for key in keys[:SHOWN_CAPTURES]:
             part = f.get_slice(key)
             shape, dtype = part.get_shape(), part.get_dtype()
-            values = "…"
-            if math.prod(shape) <= SHOWN_VALUES:
+            values = "(empty)" if math.prod(shape) == 0 else ""
+            if 0 < math.prod(shape) <= SHOWN_VALUES:
                 values = ", ".join(f"{v:.4g}" for v in f.get_tensor(key).double().flatten().tolist())
+            elif not values:  # too many to list: what they look like
+                values = _summary(f.get_tensor(key))
             rows.append([_code(key), _code(list(shape)), DTYPES.get(dtype, dtype), values])
     more = f"\n\n… and {len(keys) - SHOWN_CAPTURES} more keys." if len(keys) > SHOWN_CAPTURES else ""
     return _table(rows) + more
+
+
+def _summary(tensor: Any) -> str:
+    """Mean, std, min and max of a captured tensor's finite values, for a table cell."""
+    values = tensor.double().flatten()
+    finite = values[values.isfinite()]
+    if finite.numel() == 0:
+        return "no finite values"
+    std = finite.std().item() if finite.numel() > 1 else 0.0
+    low, high = finite.min().item(), finite.max().item()
+    text = f"mean {finite.mean().item():.4g}, std {std:.4g}, min {low:.4g}, max {high:.4g}"
+    return text + (f" ({values.numel() - finite.numel()} non-finite)" if finite.numel() < values.numel() else "")
+
+
+def _backward(record: Any) -> str:
+    """The backward pass a ``backward=true`` run made: which loss, and its value on batch 0."""
+    if not isinstance(record, Mapping):
+        return ""
+    lines = ["## Backward pass", "", f"- loss: {record.get('loss')}"]
+    for key, label in (("value", "surgered, batch 0"), ("original", "unmodified, batch 0"), ("mean", "surgered, mean")):
+        if record.get(key) is not None:
+            lines.append(f"- {label}: {record[key]:.6g}")
+    return "\n".join(lines)
 
 
 def _images(images: Iterable[Path], out_dir: Path) -> str:
