@@ -78,7 +78,7 @@ class RunSettings:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto | meta (mode=plan|modules only: no weights are made)
     dtype: str = "float32"  # model and input dtype
     strict: bool = True  # a selector that matches nothing is an error (an action can opt out: allow_empty)
-    safe: bool = False  # refuse import-path callables and _target_ outside torch/surgery
+    safe: bool = False  # name only allowlisted callables (surgery/core/callables.py); Hydra's logging too
     backward: bool = False  # also run a backward pass so backward hooks fire
     loss: str = "sum"  # loss for the backward pass
     compare: bool = True  # also run the unmodified model and report the difference
