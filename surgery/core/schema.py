@@ -9,6 +9,7 @@ turns every problem into one ``ConfigError`` that names ``WHERE.KEY``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class RunSettings:
     source: Any = None  # an input run first through the same surgery; from: {capture: ...} reads its captures
     save_model: bool = False  # write the surgered state_dict as model.safetensors
     verbose: bool = False  # full tracebacks on errors
+    distributed: Any = None  # under torchrun: {wrap: none | ddp | fsdp} (docs/distributed.md)
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)
@@ -94,6 +96,12 @@ class RunSettings:
         one_of("dtype", self.dtype, DTYPES)
         if not (self.device in ("cpu", "cuda", "auto", "meta") or self.device.startswith("cuda:")):
             raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N, auto or meta")
+        if self.distributed is not None:
+            wrap = self.distributed.get("wrap", "none") if isinstance(self.distributed, dict) else self.distributed
+            extra = sorted(set(self.distributed) - {"wrap"}) if isinstance(self.distributed, dict) else []
+            if extra:
+                raise FieldError(f"distributed.{extra[0]}", "unknown key; distributed has only wrap")
+            one_of("distributed.wrap", wrap, ("none", "ddp", "fsdp"))
         if self.device == "meta" and self.mode not in ("plan", "modules"):
             raise FieldError(  # meta tensors have shapes but no values: nothing can be run or compared
                 "device",
@@ -157,6 +165,12 @@ def python_objects(schema: type, node: dict, where: str) -> dict[str, Any]:
     return found
 
 
+@functools.cache
+def structured(schema: type) -> DictConfig:
+    """The OmegaConf template of a schema, built once (building it is most of the cost of ``validate``)."""
+    return OmegaConf.structured(schema)
+
+
 def validate(schema: type, node: Any, where: str) -> Any:
     """Validate a mapping against a dataclass schema; return the dataclass instance."""
     if isinstance(node, DictConfig):
@@ -169,7 +183,7 @@ def validate(schema: type, node: Any, where: str) -> Any:
     node = {**node, **{name: PLACEHOLDERS[name] for name in objects}}
     check_containers(schema, node, where)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        merged = OmegaConf.merge(structured(schema), node)  # merge copies the template: it is never changed
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             key = ".".join(yaml_key(part) for part in missing[0].split("."))

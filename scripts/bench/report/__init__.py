@@ -21,9 +21,9 @@ from scripts.bench.common import ROOT, machine, version_of
 from scripts.bench.report.hooks import overhead_section, peers_section, peers_target
 from scripts.bench.report.markdown import load, table
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
-from scripts.bench.report.studies import data_section, lm_section
+from scripts.bench.report.studies import data_section, lm_section, training_section
 
-BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm"]
+BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training"]
 BUDGET_S = 600
 
 
@@ -56,8 +56,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     s_md, s_t, s_m = startup_section(load(results, "startup"))
     d_md, d_t, d_m = data_section(load(results, "data"))
     l_md, l_t, l_m = lm_section(load(results, "lm"))
+    t_md, t_t, t_m = training_section(load(results, "training"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t
     lines = [
         "# Benchmarks",
         "",
@@ -88,7 +89,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -97,7 +98,17 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         why = why_lines(results, misses)
         lines += ["### Over a target, and why", "", *[f"- {m}" for m in misses], ""]
         lines += ["Where the time goes (measured in the same run):", "", *why, ""] if why else []
-    lines += o_md + peers_section(overhead) + p_md + memory_section(load(results, "memory")) + c_md + s_md + d_md + l_md
+    lines += (
+        o_md
+        + peers_section(overhead)
+        + p_md
+        + memory_section(load(results, "memory"))
+        + c_md
+        + s_md
+        + d_md
+        + l_md
+        + t_md
+    )
     return "\n".join(lines).rstrip() + "\n"
 
 
