@@ -28,12 +28,17 @@ def plan(
     strict: bool = True,
     safe: bool = False,
     example_inputs: tuple[Any, ...] | None = None,
+    example_kwargs: dict[str, Any] | None = None,
 ) -> Plan:
     """Compile ``actions`` (a name in conf/actions, a YAML path, a dict or DictConfig) for ``model``.
 
-    ``example_inputs`` (a tuple of positional inputs) lets shapes be checked before applying.
+    ``example_inputs`` (a tuple of positional inputs) and ``example_kwargs`` (keyword inputs, e.g. a
+    tokenized batch's ``input_ids``/``attention_mask``) let shapes be checked before applying.
     """
-    return compile_plan(model, actions, seed=seed, strict=strict, safe=safe, example_inputs=example_inputs)
+    return compile_plan(
+        model, actions, seed=seed, strict=strict, safe=safe, example_inputs=example_inputs,
+        example_kwargs=example_kwargs,
+    )  # fmt: skip
 
 
 def evaluate(
