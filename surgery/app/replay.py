@@ -31,18 +31,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from surgery.errors import SurgeryError
+from surgery.errors import EXIT_BAD_INPUT, EXIT_OK, ReplayError, SurgeryError
 
-EXIT_SAME = 0
-EXIT_DIFFERENT = 1
-EXIT_BAD_INPUT = 2
+EXIT_SAME = EXIT_OK
+EXIT_DIFFERENT = 1  # replay's own answer: the fingerprints differ (not an internal failure)
 SHORT = 12
 MEASURED_BY = {"output": "output.safetensors", "state_dict_after": "model.safetensors"}  # fingerprint: file
 ENVIRONMENT_KEYS = ("cpu", "cpu_capability", "torch", "python", "device")
-
-
-class ReplayError(Exception):
-    """Bad input to replay: one message, exit 2."""
 
 
 def load_run(run_dir: Path) -> tuple[DictConfig, dict[str, Any]]:
