@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +17,6 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from omegaconf import OmegaConf
 
-from surgery.app import hydra_hooks
 from surgery.core.paths import config_dir
 from surgery.errors import ConfigError
 
@@ -202,6 +202,8 @@ def test_safe_mode_refuses_logging_that_runs_code_before_hydra_configures_it(tmp
     ],
 )
 def test_safe_logging_allowlist(node: dict, refused: str | None) -> None:
+    from surgery.app import hydra_hooks
+
     config = OmegaConf.create({"safe": True, "hydra": {"hydra_logging": None, "job_logging": node}})
     if refused is None:
         hydra_hooks.check_logging(config)
@@ -212,6 +214,8 @@ def test_safe_logging_allowlist(node: dict, refused: str | None) -> None:
 
 def test_every_override_a_message_suggests_composes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ``KEY=`` our messages suggest, pasted onto the config it is meant for, is accepted by Hydra."""
+    from surgery.app import hydra_hooks
+
     suggested = set()
     for path in (REPO / "surgery").rglob("*.py"):
         for line in path.read_text().splitlines():
@@ -275,3 +279,27 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def test_safe_logging_is_checked_again_when_hydra_applies_it() -> None:
+    """Values resolvable only once the run starts (hydra.runtime): a file name passes, a class is refused, and the
+    resolved config is checked again when Hydra configures logging."""
+    from surgery.app import hydra_hooks
+
+    def config(handler: dict) -> Any:
+        return OmegaConf.create({"safe": True, "hydra": {"runtime": {}, "job_logging": {"handlers": {"h": handler}}}})
+
+    late_file = config({"class": "logging.FileHandler", "filename": "${hydra.runtime.output_dir}/x.log"})
+    hydra_hooks.check_logging(late_file)  # at compose time: the file name is not known yet, and harmless
+    with pytest.raises(ConfigError, match=r"handlers\.h\.class: '\$\{hydra.runtime.handler\}' is not allowed"):
+        hydra_hooks.check_logging(config({"class": "${hydra.runtime.handler}"}))
+    called = []
+    configure = hydra_hooks._guard_configure(lambda *args: called.append(args))
+    late_class = config({"class": "${hydra.runtime.handler}"})
+    late_class.hydra.runtime.handler = "evil.Handler"
+    with pytest.raises(SystemExit) as stop:
+        configure(late_class.hydra.job_logging, False)
+    assert stop.value.code == 2 and not called
+    late_file.hydra.runtime.output_dir = "run"
+    configure(late_file.hydra.job_logging, False)
+    assert len(called) == 1

@@ -32,7 +32,7 @@ def refuse(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def safe_in(config: DictConfig) -> bool:
+def safe_in(config: Any) -> bool:
     """Whether a composed config asks for safe mode: anything but an explicit false (it is not validated yet)."""
     value = OmegaConf.select(config, "safe", default=False, throw_on_resolution_failure=False)
     return value not in (False, None, 0, "false", "False")
@@ -43,17 +43,30 @@ def check_logging(config: DictConfig) -> None:
 
     ``logging.config.dictConfig`` imports and calls what ``()`` and ``class`` name and imports what
     ``ext://`` names; Hydra applies ``hydra.hydra_logging`` right after composing, before any callback.
+    A value that cannot be resolved yet (``${hydra.runtime.output_dir}`` in a file name) is checked
+    again when Hydra configures logging (:func:`_guard_configure`); here only its text is.
     """
     for key in ("hydra_logging", "job_logging"):
         where = f"hydra.{key}"
         found = OmegaConf.select(config, where, default=None, throw_on_resolution_failure=False)
-        if found is None:  # no logging config: Hydra's plain default, nothing named
-            continue
-        try:
-            node = OmegaConf.to_container(found, resolve=True) if isinstance(found, DictConfig) else found
-        except Exception:  # noqa: BLE001 - what cannot be read cannot be checked
-            raise ConfigError(f"{where}: cannot be read, so safe=true cannot check it") from None
-        _check_log_node(node, where)
+        if found is not None:  # None: no logging config, Hydra's plain default names nothing
+            _check_log_node(_readable(found), where)
+
+
+def _readable(node: Any) -> Any:
+    """A config node as plain values, each resolved where it can be now and left as its text where not."""
+    if isinstance(node, DictConfig):
+        return {str(k): _readable(_value(node, k)) for k in node.keys()}
+    if OmegaConf.is_list(node):
+        return [_readable(_value(node, i)) for i in range(len(node))]
+    return node
+
+
+def _value(node: Any, key: Any) -> Any:
+    try:
+        return node[key]
+    except Exception:  # noqa: BLE001 - e.g. hydra.runtime is filled in later: keep the text
+        return str(node._get_node(key)._value())
 
 
 def _check_log_node(node: Any, where: str) -> None:
@@ -71,6 +84,21 @@ def _check_log_node(node: Any, where: str) -> None:
             _check_log_node(value, f"{where}[{i}]")
     elif isinstance(node, str) and node.startswith("ext://") and node not in SAFE_LOG_STREAMS:
         raise ConfigError(f"{where}: {node!r} imports a module; {allowed}")
+
+
+def _guard_configure(configure: Any) -> Any:
+    """Wrap Hydra's ``configure_log``: under safe mode, check the logging config resolved, just before it is applied."""
+
+    def configure_log(log_config: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(log_config, DictConfig) and safe_in(log_config._get_root()):
+            where = log_config._get_full_key(None) or "hydra logging"
+            try:
+                _check_log_node(OmegaConf.to_container(log_config, resolve=True), where)
+            except SurgeryError as e:
+                refuse(str(e))
+        return configure(log_config, *args, **kwargs)
+
+    return configure_log
 
 
 def _guard_composed(load: Any) -> Any:
@@ -204,3 +232,8 @@ def install() -> None:
     apply = _patch_overrides(ConfigLoaderImpl._apply_overrides_to_config)
     ConfigLoaderImpl._apply_overrides_to_config = apply  # type: ignore[method-assign]
     hydra_utils.run_and_report = _translating(hydra_utils.run_and_report)
+    import hydra._internal.hydra as hydra_main
+    import hydra.core.utils as hydra_core
+
+    hydra_main.configure_log = _guard_configure(hydra_main.configure_log)  # hydra_logging, after composing
+    hydra_core.configure_log = _guard_configure(hydra_core.configure_log)  # job_logging, in run_job
