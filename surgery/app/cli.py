@@ -48,11 +48,20 @@ def usage(options: Callable[[str], list[str]] = group_options) -> str:
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def _task(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    from surgery.core.output import say, use_logging
+    from surgery.core.output import use_logging
 
     use_logging(True)  # Hydra has configured logging now: lines go to the console and surgery.log
+    try:
+        _job(cfg)
+    finally:
+        use_logging(False)  # a library call later in this process prints again
+
+
+def _job(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from surgery.core.output import say
+
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if cfg.get("model") is None:
