@@ -34,6 +34,7 @@ from surgery.core.output import say
 from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.data.metrics import Metric
+from surgery.dist.run import wrapped
 from surgery.errors import ActionError, ConfigError, SurgeryError
 
 
@@ -102,6 +103,10 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     with ``"complete": false`` in report.json; at any other time, or a second one, it stops at once.
     Either way it prints one line on stderr and raises ``SystemExit`` (130 for SIGINT, 143 for SIGTERM).
     """
+    from surgery.dist.run import run_ranks, wanted
+
+    if wanted(cfg):  # torchrun: this rank's job, written with the others' into one run directory (surgery/dist)
+        return run_ranks(cfg, out_dir, run_job)
     reached = Reached()
     with Interrupts() as interrupts:
         try:
@@ -199,6 +204,7 @@ def prepare(cfg: DictConfig) -> Job | None:
         isinstance(a, Mapping) and a.get("kind") == "on_load" and a.get("enabled", True) for a in actions.values()
     )
     model = build_model(cfg.model, settings, device, load=not load_late)
+    model = wrapped(model)  # distributed.wrap=ddp|fsdp on a torchrun rank; as it is otherwise (surgery/dist/run.py)
     if settings.mode == "modules":
         say(module_table(model))
         return None

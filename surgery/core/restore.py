@@ -72,6 +72,12 @@ def _module_facts(module: nn.Module) -> dict[str, Any]:
     return facts
 
 
+def _storage(tensor: torch.Tensor) -> int | None:
+    """Where the values live: an FSDP2 DTensor's local shard; none on meta."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return None if local.device.type == "meta" else local.untyped_storage().data_ptr()
+
+
 def _tensor_facts(tensor: torch.Tensor) -> dict[str, Any]:
     facts: dict[str, Any] = {name: _keys(getattr(tensor, name, None)) for name in TENSOR_HOOK_ATTRS}
     facts.update(
@@ -81,7 +87,7 @@ def _tensor_facts(tensor: torch.Tensor) -> dict[str, Any]:
             "dtype": tensor.dtype,
             "shape": tuple(tensor.shape),
             "device": tensor.device,
-            "storage": tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else None,
+            "storage": _storage(tensor),
             "version": tensor._version,
         }
     )

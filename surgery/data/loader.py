@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from surgery.data.sources import SPLITS, digits, limited, local
 from surgery.errors import ConfigError
@@ -75,4 +76,8 @@ def open_dataset(config: DatasetInput) -> Dataset:
 
 def data_loader(config: DatasetInput) -> DataLoader:
     """A DataLoader over the data set in order (no shuffling: runs are reproducible), in the main process."""
-    return DataLoader(open_dataset(config), batch_size=config.batch_size, shuffle=False, num_workers=0)
+    dataset = open_dataset(config)
+    sampler: DistributedSampler | None = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # torchrun: this rank's share
+        sampler = DistributedSampler(dataset, shuffle=False)  # pads with repeats so every rank has as many
+    return DataLoader(dataset, batch_size=config.batch_size, shuffle=False, sampler=sampler, num_workers=0)

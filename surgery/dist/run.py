@@ -1,0 +1,173 @@
+"""One job on every rank torchrun started, written into one run directory.
+
+``torchrun --nproc_per_node=N -m surgery ... distributed.wrap=ddp|fsdp|none``: every rank joins the
+process group, builds the same model (same seed), wraps it, plans and applies the recipe by bare names
+and runs its share of the input (a ``dataset`` input through a ``DistributedSampler``; other inputs are
+the same on every rank). Each rank runs the ordinary job into a staging folder; then its files are
+renamed into rank 0's run directory: ``captures.rank{R}.safetensors``, ``captures/rank{R}-batch-NNNNN``,
+``output.rank{R}.safetensors``; and rank 0 writes ``report.json`` with ``world_size``, every rank's
+fingerprints and metrics, and the metrics over all ranks (weighted by each rank's examples).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from surgery.dist.wrap import launched_by_torchrun, start_group, wrap_of
+from surgery.errors import SurgeryError
+
+_inside = False  # set while this process runs its rank's job: the job itself then runs as usual
+_wrap = "none"
+_device: Any = None
+
+
+def wanted(cfg: DictConfig) -> bool:
+    """Whether this job runs as one rank of several: under torchrun, or with ``distributed.wrap`` set."""
+    return not _inside and (launched_by_torchrun() or wrap_of(cfg) != "none")
+
+
+def wrapped(model: Any) -> Any:
+    """The model wrapped as this rank's job asks (called by the job between building and planning)."""
+    if not _inside:
+        return model
+    from surgery.dist.wrap import wrap_model
+
+    return wrap_model(model, _wrap, _device)
+
+
+def run_ranks(cfg: DictConfig, out_dir: Path, run_job: Callable[[DictConfig, Path], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``run_job`` on this rank into a staging folder, then gather every rank's files and report."""
+    global _inside, _wrap, _device
+    from surgery.app.build import settings_of
+
+    settings = settings_of(cfg)  # a bad setting is refused as in any run, before joining the group
+    _device = start_group(settings.device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shared = [str(out_dir)]
+    dist.broadcast_object_list(shared, src=0)  # rank 0's run directory is everyone's
+    run_dir = Path(shared[0])
+    if run_dir != out_dir:
+        _drop_own_dir(out_dir)
+    staging = run_dir / f".rank{rank}"
+    _inside, _wrap = True, wrap_of(cfg)
+    found: tuple[dict[str, Any] | None, str | None]
+    error: Exception | None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():  # rank 0 speaks
+            found = (run_job(cfg, staging), None)
+    except Exception as e:  # noqa: BLE001 - told to every rank (so none waits forever), raised here below
+        found, error = (None, str(e) if isinstance(e, SurgeryError) else f"{type(e).__name__}: {e}"), e
+    else:
+        error = None
+    finally:
+        _inside = False
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, found)
+    failed = [(r, message) for r, (_, message) in enumerate(everyone) if message is not None]
+    if failed:
+        shutil.rmtree(staging, ignore_errors=True)
+        if error is not None:
+            raise error
+        raise SurgeryError(f"rank {failed[0][0]}: {failed[0][1]}")
+    reports = [report for report, _ in everyone]
+    _move_files(staging, run_dir, rank)
+    dist.barrier()
+    report = reports[0] or {}
+    if rank == 0 and report:
+        report = merged(reports, _wrap)
+        from surgery.app.io import write_json
+
+        write_json(run_dir / "report.json", report)
+        print(f"distributed: {world} ranks (wrap {_wrap}), one run directory: {run_dir}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return report
+
+
+def _drop_own_dir(out_dir: Path) -> None:
+    """Remove the run directory Hydra made for this rank when rank 0's differs (only its config and log)."""
+    if out_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out_dir.iterdir()):
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+RENAMED = {"captures.safetensors": "captures.rank{r}.safetensors", "output.safetensors": "output.rank{r}.safetensors"}
+RANK0_ONLY = ("report.md", "model.safetensors", "plots")
+
+
+def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
+    """This rank's files into the run directory under rank-qualified names; the staging folder removed."""
+    if not staging.is_dir():
+        return
+    for name, pattern in RENAMED.items():
+        if (staging / name).exists():
+            (staging / name).replace(run_dir / pattern.format(r=rank))
+    shards = staging / "captures"
+    if shards.is_dir():
+        (run_dir / "captures").mkdir(exist_ok=True)
+        for shard in sorted(shards.glob("*.safetensors")):
+            shard.replace(run_dir / "captures" / f"rank{rank}-{shard.name}")
+    if rank == 0:
+        for name in RANK0_ONLY:
+            if (staging / name).exists():
+                (staging / name).replace(run_dir / name)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def merged(reports: list[dict[str, Any]], wrap: str) -> dict[str, Any]:
+    """Rank 0's report with ``world_size``, every rank's fingerprints, files and metrics, and metrics over all."""
+    report = dict(reports[0])
+    report["world_size"] = len(reports)
+    report["distributed"] = {"wrap": wrap}
+    report["ranks"] = [
+        {
+            "rank": r,
+            "fingerprints": one.get("fingerprints"),
+            "metrics": one.get("metrics"),
+            "examples": (one.get("data") or {}).get("examples"),
+            "batches_done": one.get("batches_done"),
+        }
+        for r, one in enumerate(reports)
+    ]
+    if isinstance(report.get("data"), dict):  # every rank's share together
+        report["data"] = {**report["data"], "examples": sum(r["examples"] or 0 for r in report["ranks"])}
+    if "captures" in report:
+        report["captures"] = {
+            "files": [
+                RENAMED["captures.safetensors"].format(r=r)
+                for r, one in enumerate(reports)
+                if (one.get("captures") or {}).get("file")
+            ],  # fmt: skip
+            "count": sum((one.get("captures") or {}).get("count", 0) for one in reports),
+            "shards": [
+                f"rank{r}-{s}" for r, one in enumerate(reports) for s in (one.get("captures") or {}).get("shards", [])
+            ],
+        }
+    if report.get("output_file"):
+        report["output_file"] = RENAMED["output.safetensors"].format(r=0)
+    if report.get("metrics"):
+        report["metrics"] = _weighted(report["ranks"])
+    return report
+
+
+def _weighted(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each metric's mean over all ranks, weighted by how many examples each scored; deltas recomputed."""
+    total = sum(r["examples"] or 0 for r in ranks) or 1
+    out: dict[str, Any] = {}
+    for side in ("surgered", "unmodified"):
+        names = (ranks[0]["metrics"] or {}).get(side) or {}
+        out[side] = {
+            name: sum((r["metrics"][side][name] or 0.0) * (r["examples"] or 0) for r in ranks) / total for name in names
+        }
+    if out.get("surgered"):
+        out["delta"] = {k: out["surgered"][k] - out["unmodified"][k] for k in out["surgered"]}
+    else:
+        out.pop("surgered", None)
+    return out
