@@ -78,7 +78,7 @@ def fsdp2_init() -> dict[str, Any]:
     reference = net()
     surgery.apply(reference, INIT, seed=3)
     model = fsdp2(net())
-    done = surgery.apply(model, INIT, seed=3)
+    done = surgery.apply(model, INIT, seed=3, verify=True)  # remove() checks hooks, flags and versions came back
     full = model.fc1.weight.full_tensor()
     local = model.fc1.weight.to_local().clone()
     done.remove()
@@ -99,7 +99,7 @@ def fsdp2_grads() -> dict[str, Any]:
         "g": {"kind": "modify_grad", "select": "fc1", "param": "weight", "op": "mul", "value": 2.0},
         "c": {"kind": "capture_grad", "select": "fc1", "param": "weight"},
     }
-    done = surgery.apply(model, actions)
+    done = surgery.apply(model, actions)  # no forward yet: one unshard makes the unsharded parameter
     model(local_input()).sum().backward()
     doubled = model.fc1.weight.grad.full_tensor()
     captured = done.captures["c"]["fc1.weight"].calls[-1].grad
@@ -122,7 +122,8 @@ def fsdp2_linear() -> dict[str, Any]:
     x = local_input()
     with torch.no_grad():
         plain = model(x)
-    done = surgery.apply(model, {"r": {"kind": "replace_forward", "select": "fc1", "fn": "linear"}})
+    linear = {"r": {"kind": "replace_forward", "select": "fc1", "fn": "linear"}}
+    done = surgery.apply(model, linear, verify=True)  # after a forward: FSDP2 has set itself up
     out = model(x)
     out.sum().backward()
     done.remove()
