@@ -303,3 +303,26 @@ def test_safe_logging_is_checked_again_when_hydra_applies_it() -> None:
     late_file.hydra.runtime.output_dir = "run"
     configure(late_file.hydra.job_logging, False)
     assert len(called) == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+actions=linearize", "actions.linearise.fn=identity"],
+         "error: actions.linearise: no such action in this run. Did you mean 'linearize'? Actions: linearize."
+         " To add one: '+actions.linearise={kind: ..., select: ...}'.\n"),
+        (["model.widht=3"], "error: model.widht: unknown key. Keys here: _target_, checkpoint, input."
+         " A new argument of model._target_ needs a +: +model.widht=3\n"),
+        (["sede=3"], "error: sede: unknown key. Did you mean 'seed' or "),
+    ],
+)  # fmt: skip
+def test_override_typos_name_what_was_meant(
+    overrides: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from surgery.app import hydra_hooks
+
+    patched = hydra_hooks._patch_overrides(ConfigLoaderImpl._apply_overrides_to_config)
+    monkeypatch.setattr(ConfigLoaderImpl, "_apply_overrides_to_config", patched)
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"), pytest.raises(SystemExit) as stop:
+        compose("config", overrides=["+model=mlp", *overrides])
+    assert stop.value.code == 2 and capsys.readouterr().err.startswith(message)

@@ -164,7 +164,9 @@ def _check_override(override: Any, cfg: DictConfig) -> None:
         actions = [str(a) for a in (cfg.get("actions") or {})]
         if action not in actions:
             listed = ", ".join(actions) or "none; choose some with +actions=NAME"
-            refuse(f"actions.{action}: no such action in this run.{did_you_mean(action, actions)} Actions: {listed}.")
+            close = did_you_mean(action, actions)
+            add = f" To add one: '+actions.{action}={{kind: ..., select: ...}}'."
+            refuse(f"actions.{action}: no such action in this run.{close} Actions: {listed}.{add}")
     node = cfg if not parent else OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False)
     if not isinstance(node, DictConfig) or name in node.keys():  # keys(): a ??? value is "not in" a DictConfig
         return
