@@ -87,7 +87,7 @@ class RunSettings:
     generate: Any = None  # mode=generate: {max_new_tokens: 20, do_sample: false}
     source: Any = None  # an input run first through the same surgery; from: {capture: ...} reads its captures
     save_model: bool = False  # write the surgered state_dict as model.safetensors
-    verbose: bool = False  # full tracebacks on errors
+    verbose: bool = False  # full tracebacks on errors; mode=plan|run also list every matched name
     distributed: Any = None  # under torchrun: {wrap: none | ddp | fsdp} (docs/distributed.md)
 
     def __post_init__(self) -> None:
