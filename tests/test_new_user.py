@@ -311,8 +311,9 @@ def test_safe_logging_is_checked_again_when_hydra_applies_it() -> None:
         (["+actions=linearize", "actions.linearise.fn=identity"],
          "error: actions.linearise: no such action in this run. Did you mean 'linearize'? Actions: linearize."
          " To add one: '+actions.linearise={kind: ..., select: ...}'.\n"),
-        (["model.widht=3"], "error: model.widht: unknown key. Keys here: _target_, checkpoint, input."
-         " A new argument of model._target_ needs a +: +model.widht=3\n"),
+        (["model.hiden=3"], "error: model.hiden: unknown key. Did you mean 'hidden'? Keys here: _target_, in_features,"
+         " hidden, depth, out_features, activation, checkpoint, input. A new argument of model._target_ needs a +:"
+         " +model.hiden=3\n"),
         (["sede=3"], "error: sede: unknown key. Did you mean 'seed' or "),
     ],
 )  # fmt: skip

@@ -176,6 +176,7 @@ def _check_override(override: Any, cfg: DictConfig) -> None:
     if name in known:  # e.g. input.shape=[...] on a model whose input config does not set it
         override.type = OverrideType.FORCE_ADD
         return
+    known = list(dict.fromkeys([*map(str, node.keys()), *known]))  # the file's own keys too (cnn's trained, ...)
     hint = f" A new argument of model._target_ needs a +: +{override.input_line}" if parent == "model" else ""
     refuse(f"{key}: unknown key.{did_you_mean(name, known)} Keys here: {', '.join(known)}.{hint}")
 
