@@ -153,6 +153,7 @@ ACTIONS_FOR = {
     "capture_residual": "gpt2_tiny",
     "scale_attention": "bert_tiny",
     "patch_block3": None,  # needs a captures file: tested in test_activation_patching_across_two_runs
+    "patch_resid": None,  # needs a language model directory and a source prompt: tests/test_lm_cli.py
     "on_load": None,  # needs earlier actions and a checkpoint: tested in test_saved_surgered_model_reloads_...
 }
 
@@ -275,7 +276,7 @@ def test_shipped_recipes_run_no_code_they_name(actions: str) -> None:
     def import_paths(node: object) -> list[str]:
         if isinstance(node, dict):
             return [p for value in node.values() for p in import_paths(value)]
-        return [node] if isinstance(node, str) and ":" in node and "/" not in node else []
+        return [node] if isinstance(node, str) and re.fullmatch(r"[\w.]+:[\w.]+", node) else []  # pkg.mod:fn
 
     for name, node in load_actions(actions).items():
         check_targets(node, f"actions.{name}", safe=True)

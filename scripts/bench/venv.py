@@ -41,7 +41,7 @@ def setup() -> Path:
         print(f"setting up {VENV.name} (log: {log}) ...", flush=True)
         pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
         with log.open("w") as out:
-            if subprocess.run([*pip, "-e", ".[hf]", *PINS], cwd=ROOT, stdout=out, stderr=out).returncode:
+            if subprocess.run([*pip, "-e", ".[hf,lightning]", *PINS], cwd=ROOT, stdout=out, stderr=out).returncode:
                 sys.exit(f"set-up failed; full log in {log}")
             for peer in PEERS:  # one at a time: a peer that fails is left out, not the others
                 if subprocess.run([*pip, peer, *PINS], cwd=ROOT, stdout=out, stderr=out).returncode:
