@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-from surgery.app.job import Job, prepare
+from surgery.app.prepare import Job, prepare
 from surgery.app.report import first_tensor
 from surgery.core.paths import config_dir
 

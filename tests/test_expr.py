@@ -16,15 +16,8 @@ from torch import nn
 
 import surgery
 from surgery.errors import ActionError, ConfigError
-from surgery.expr.check import (
-    FUNCTIONS,
-    MAX_LENGTH,
-    NAMES,
-    TENSOR_ATTRIBUTES,
-    TENSOR_METHODS,
-    compile_expr,
-    compile_index,
-)
+from surgery.expr.check import FUNCTIONS, NAMES, TENSOR_ATTRIBUTES, TENSOR_METHODS, compile_expr
+from surgery.expr.parsing import MAX_LENGTH, compile_index
 
 WHERE = "actions.demo.expr"
 

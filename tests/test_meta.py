@@ -43,7 +43,7 @@ def test_gpt2_built_on_meta_for_a_plan() -> None:
 def test_modules_mode_on_meta_lists_the_tree(capsys: pytest.CaptureFixture[str]) -> None:
     from hydra import compose, initialize_config_dir
 
-    from surgery.app.job import prepare
+    from surgery.app.prepare import prepare
     from surgery.core.paths import config_dir
 
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from surgery.expr import check as expr
+from surgery.expr import parsing
 from surgery.expr import runtime as expr_runtime
 from surgery.models.functions import Function_C
 
@@ -117,8 +117,8 @@ REFUSED = [
         f"number-only arithmetic is computed when the plan is compiled: an exponent over {expr_runtime.MAX_EXPONENT} in"
         " absolute value, or a result that is not a finite real number, is refused instead of hanging.",
     ),
-    ("text longer than the limit", [], f"more than {expr.MAX_LENGTH} characters."),
-    ("nesting deeper than the limit", [], f"brackets or operators nested more than {expr.MAX_DEPTH} levels."),
+    ("text longer than the limit", [], f"more than {parsing.MAX_LENGTH} characters."),
+    ("nesting deeper than the limit", [], f"brackets or operators nested more than {parsing.MAX_DEPTH} levels."),
 ]
 
 

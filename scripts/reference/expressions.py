@@ -12,6 +12,7 @@ from scripts.reference.config import table
 from scripts.reference.expression_cases import EXAMPLES, GRAMMAR, INDEXES, PLACES, REFUSED, VARIABLES
 from surgery.errors import ConfigError
 from surgery.expr import check as expr
+from surgery.expr import parsing
 from surgery.expr import runtime as expr_runtime
 
 WHERE = "actions.NAME.expr"
@@ -151,7 +152,7 @@ def index_language() -> list[str]:
     rows = []
     for text in INDEXES:
         try:
-            rows.append([code(text), code(index_text(expr.compile_index(text, "index")))])
+            rows.append([code(text), code(index_text(parsing.compile_index(text, "index")))])
         except ConfigError as error:
             rows.append([code(text), "refused: " + str(error).removeprefix("index: ")])
     return [

@@ -17,7 +17,7 @@ from surgery.core.records import Record
 from surgery.core.schema import CaptureAction, LogAction
 from surgery.core.select import Target
 from surgery.errors import ConfigError
-from surgery.expr.check import compile_index
+from surgery.expr.parsing import compile_index
 
 
 @KINDS.register()

@@ -35,7 +35,8 @@ from surgery.core.schema import FORWARD_FNS, TENSOR_OPS, ModifyAction, ReplaceFo
 from surgery.core.select import Target
 from surgery.core.structure import get_item, replace_item
 from surgery.errors import ConfigError
-from surgery.expr.check import compile_expr, compile_index
+from surgery.expr.check import compile_expr
+from surgery.expr.parsing import compile_index
 
 Compute = Callable[..., Any]  # (module, inputs, output[, kwargs]) -> the new output
 

@@ -17,7 +17,8 @@ from surgery.actions.noise import noise_stream
 from surgery.actions.sources import load_patch, source_op, source_shape
 from surgery.core.callables import resolve_callable
 from surgery.core.schema import OpArgs
-from surgery.expr.check import compile_expr, compile_index
+from surgery.expr.check import compile_expr
+from surgery.expr.parsing import compile_index
 
 Op = Callable[[torch.Tensor, Any], torch.Tensor]
 

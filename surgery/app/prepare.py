@@ -1,0 +1,123 @@
+"""A job as prepared before anything changes: settings, model, batches, the plan; what a job reached."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from surgery.app.batches import Batches, input_spec, make_batches
+from surgery.app.build import (
+    build_model,
+    input_device,
+    module_table,
+    on_device,
+    resolve_device,
+    seed_everything,
+    settings_of,
+)
+from surgery.app.interrupt import Interrupts
+from surgery.app.scoring import metric_names
+from surgery.core.compiler import Plan, compile_plan, load_actions
+from surgery.core.output import say
+from surgery.core.schema import RunSettings
+from surgery.data.metrics import Metric
+from surgery.dist.run import wrapped
+
+
+@dataclass
+class Reached:
+    """How far a job got: what an interrupted run's report says."""
+
+    mode: str = ""
+    batches: int = 0
+    done: int = 0  # batches finished
+    report: dict[str, Any] | None = None  # the report.json written, once it is
+
+
+@dataclass
+class Job:
+    """One run's settings, model, inputs and plan, as prepared before anything is changed."""
+
+    cfg: DictConfig
+    settings: RunSettings
+    model: nn.Module
+    input_spec: dict[str, Any]
+    data: Batches  # every batch, batch 0 (``inputs``) first
+    plan: Plan
+    load_late: bool  # a checkpoint loaded after applying, through on_load hooks
+    source: Batches | None = None  # run first through the same surgery (source pass), then frozen for from: capture
+    metrics: tuple[str | Metric, ...] = ()  # scored on every batch for the surgered and the unmodified model
+    timings: dict[str, float] = field(default_factory=dict)
+    interrupts: Interrupts = field(default_factory=Interrupts)  # run_job's, checked after every batch
+    reached: Reached = field(default_factory=Reached)
+    losses: list[float] = field(default_factory=list)  # with backward: the surgered model's loss, per batch
+
+    @property
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """Batch 0's input tensors (positional, then keyword): fingerprinted and described in the report."""
+        return self.data.tensors()
+
+    @property
+    def batches(self) -> int:
+        """How many batches the run has."""
+        return self.data.count
+
+
+def prepare(cfg: DictConfig) -> Job | None:
+    """Settings, seed, model, inputs and plan; None in ``mode=modules`` (the table is printed)."""
+    settings = settings_of(cfg)
+    clock = time.perf_counter()
+    seed_everything(settings.seed)
+    device = resolve_device(settings.device)
+    actions = load_actions(cfg.get("actions"))
+    load_late = bool(cfg.model.get("checkpoint")) and any(
+        isinstance(a, Mapping) and a.get("kind") == "on_load" and a.get("enabled", True) for a in actions.values()
+    )
+    model = build_model(cfg.model, settings, device, load=not load_late)
+    model = wrapped(model)  # distributed.wrap=ddp|fsdp on a torchrun rank; as it is otherwise (surgery/dist/run.py)
+    if settings.mode == "modules":
+        say(module_table(model))
+        return None
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
+    made_on = input_device(device)  # meta: drawn on cpu, batch 0 moved to meta for the probe (surgery/app/build.py)
+    data = on_device(make_batches(spec, settings.seed, getattr(torch, settings.dtype), made_on, model,
+                                  cfg.model.get("path")), device)  # fmt: skip
+    metrics = metric_names(settings.metrics, data, settings.compare)
+    source = source_batches(cfg, settings, device, model, data)
+    batches = data.count
+    timings = {"build_s": time.perf_counter() - clock}
+    clock = time.perf_counter()
+    plan = compile_plan(
+        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=data.first.args,
+        example_kwargs=data.first.kwargs,
+        batches=batches,
+    )  # fmt: skip
+    timings["plan_s"] = time.perf_counter() - clock
+    return Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
+
+
+def source_batches(
+    cfg: DictConfig, settings: RunSettings, device: torch.device, model: nn.Module, data: Batches
+) -> Batches | None:
+    """The ``source`` input (one batch, run first through the surgery), checked against the main input."""
+    given = cfg.get("source")
+    if given is None:
+        return None
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(given))
+    dtype = getattr(torch, settings.dtype)
+    source = make_batches(spec, settings.seed, dtype, device, model, cfg.model.get("path"), where="source")
+    if source.text is not None and data.text is not None:
+        from surgery.lm.text import require_equal_lengths
+
+        require_equal_lengths(data.text, source.text, "source.prompt")
+    return source
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)  # type: ignore[return-value]

@@ -1,0 +1,81 @@
+"""Expression text to a syntax tree within limits, and literal index subscripts (``"[:, 3:5]"``).
+
+The limits (length, bracket depth) are checked before the parser sees the text, so a hostile
+config cannot make ``ast.parse`` recurse or allocate without bound.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from surgery.errors import ConfigError
+from surgery.expr.runtime import shorten
+
+MAX_LENGTH = 2000
+MAX_DEPTH = 50
+
+
+def check_text(text: Any, where: str) -> str:
+    """Refuse non-strings, overlong texts and deep bracket nesting before the parser sees them."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: expected an expression string, got {type(text).__name__} {text!r}")
+    if len(text) > MAX_LENGTH:
+        raise ConfigError(f"{where}: expression is longer than {MAX_LENGTH} characters: '{shorten(text)}'")
+    depth = deepest = 0
+    for char in text:
+        depth += (char in "([{") - (char in ")]}")
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        raise ConfigError(f"{where}: brackets are nested deeper than {MAX_DEPTH} levels: '{shorten(text)}'")
+    return text.strip()
+
+
+def parse_text(source: str, text: str, where: str) -> ast.Expression:
+    """``source`` parsed as one Python expression; a syntax error is a ConfigError quoting ``text``."""
+    try:
+        return ast.parse(source, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        reason = getattr(error, "msg", None) or type(error).__name__
+        raise ConfigError(f"{where}: '{shorten(text)}' is not a valid expression ({reason})") from None
+
+
+def _literal_index_part(node: ast.expr) -> Any:
+    """The value of one literal index part, or raise ValueError."""
+    if isinstance(node, ast.Slice):
+        lower, upper, step = (None if p is None else _literal_int(p) for p in (node.lower, node.upper, node.step))
+        if step is not None and step <= 0:
+            raise ValueError("slice steps must be positive (use flip to reverse)")
+        return slice(lower, upper, step)
+    if isinstance(node, ast.Constant) and (node.value is None or node.value is Ellipsis):
+        return node.value
+    return _literal_int(node)
+
+
+def _literal_int(node: ast.expr) -> int:
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        sign, node = -1, node.operand
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return sign * node.value
+    raise ValueError("only integers, slices of integers, '...' and None are allowed")
+
+
+def compile_index(text: str, where: str) -> tuple[Any, ...]:
+    """Turn a literal index like ``"[:, 3:5]"`` into ``(slice(None), slice(3, 5))``; nothing is evaluated."""
+    text = check_text(text, where)
+    if not (text.startswith("[") and text.endswith("]")):
+        raise ConfigError(f"{where}: an index must be written in brackets, like '[:, 3:5]'; got '{shorten(text)}'")
+    source = "x" + text
+    body = parse_text(source, text, where).body
+    if not (isinstance(body, ast.Subscript) and isinstance(body.value, ast.Name)):
+        raise ConfigError(f"{where}: '{shorten(text)}' is not a single index like '[:, 3:5]'")
+    parts = body.slice.elts if isinstance(body.slice, ast.Tuple) else [body.slice]
+    index = []
+    for part in parts:
+        try:
+            index.append(_literal_index_part(part))
+        except ValueError as error:
+            segment = ast.get_source_segment(source, part) or text
+            raise ConfigError(f"{where}: {error}: '{segment}' in '{shorten(text)}'") from None
+    return tuple(index)
