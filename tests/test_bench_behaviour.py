@@ -21,7 +21,7 @@ from scripts.bench import cases  # noqa: E402
 from scripts.bench import compile as bench_compile  # noqa: E402
 from scripts.bench import overhead as bench_overhead  # noqa: E402
 from scripts.bench import plan as bench_plan  # noqa: E402
-from surgery.core.engine import hooks_on  # noqa: E402
+from surgery.core.restore import hooks_on  # noqa: E402
 
 TASK_MODES = [(task, mode) for task in cases.TASKS for mode in task.modes]
 

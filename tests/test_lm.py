@@ -232,7 +232,7 @@ def test_generation_under_a_surgery_equals_generate_with_the_hook_by_hand(lm: tu
     assert out.first_difference == tuple(first_difference(a, b) for a, b in zip(after, before))
     assert out.first_difference == (1, 0) and len(set(after[0])) > 2  # the ablation changes varied continuations
     assert out.to_dict()["prompts"][0]["prompt"] == PROMPTS[0]
-    assert surgery.core.engine.hooks_on(model) == 0
+    assert surgery.core.restore.hooks_on(model) == 0
 
 
 def test_hooks_fire_on_the_prompt_pass_and_every_new_token(lm: tuple[nn.Module, Any]) -> None:

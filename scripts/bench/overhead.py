@@ -44,7 +44,7 @@ from scripts.bench.common import (
     verdict,
     write_json,
 )
-from surgery.core.engine import hooks_on
+from surgery.core.restore import hooks_on
 
 TARGET = 1.03  # engine / hand-written, every case on the small MLP
 MARGIN = TARGET - 1  # rounds are added until the quartiles of surgery/hand are narrower than this

@@ -232,26 +232,3 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
 
 # surgeries applied per model, oldest first (weakly held), so remove() can refuse an order it cannot undo exactly
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, list[weakref.ref[Surgery]]] = weakref.WeakKeyDictionary()
-
-
-HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-    "_state_dict_hooks",
-    "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks",
-)
-
-
-def hooks_on(model: nn.Module) -> int:
-    """How many hooks sit on the model's modules and tensors (to check none of ours is left)."""
-    count = 0
-    for module in model.modules():
-        count += sum(len(getattr(module, name, {})) for name in HOOK_DICTS)
-        for tensor in list(module._parameters.values()) + list(module._buffers.values()):
-            for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
-                count += len(getattr(tensor, name, None) or {}) if tensor is not None else 0
-    return count

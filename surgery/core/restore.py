@@ -160,3 +160,15 @@ def _show(value: Any) -> str:
     if isinstance(value, tuple) and len(value) > 6:
         return f"({len(value)} entries)"
     return repr(value)
+
+
+def hooks_on(model: nn.Module) -> int:
+    """How many hooks sit on the model's modules and tensors (a quick count; ``ModelState`` compares everything)."""
+    holding = [name for name in MODULE_HOOK_DICTS if not name.endswith(("_with_kwargs", "_always_called"))]
+    count = 0
+    for module in model.modules():
+        count += sum(len(getattr(module, name, None) or {}) for name in holding)
+        for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            if tensor is not None:
+                count += sum(len(getattr(tensor, name, None) or {}) for name in TENSOR_HOOK_ATTRS)
+    return count
