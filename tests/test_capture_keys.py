@@ -165,3 +165,19 @@ def test_bad_capture_keys_are_refused_at_plan_time(action: dict, message: str) -
     with pytest.raises(ConfigError, match=message):
         surgery.plan(net(), {"a": {"kind": "capture", "select": "head", **action}},
                      example_inputs=(torch.randn(2, 1, 6, 6),))  # fmt: skip
+
+
+def test_capture_fn_records_what_fn_returns_and_refuses_what_it_cannot_combine_with() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    x = torch.randn(2, 3)
+
+    def doubled(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output * 2
+
+    with surgery.apply(model, {"c": {"kind": "capture", "select": "0", "fn": doubled}}) as s:
+        model(x)
+        assert torch.equal(s.captures["c"]["0"].output, model[0](x).detach() * 2)
+    with pytest.raises(ConfigError, match=r"^actions.c.fn: records fn\(module, inputs, output\).*drop what"):
+        surgery.plan(model, {"c": {"kind": "capture", "select": "0", "fn": doubled, "what": ["input"]}})
+    with pytest.raises(ConfigError, match=r"^actions.c.fn: .*safe"):
+        surgery.plan(model, {"c": {"kind": "capture", "select": "0", "fn": doubled}}, safe=True)

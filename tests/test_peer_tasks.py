@@ -188,7 +188,6 @@ def test_7_mean_ablate_one_head_with_the_mean_of_a_reference_batch() -> None:
         assert torch.equal(model(x).logits, expected.logits)
 
 
-@pytest.mark.xfail(strict=True, reason="capture has no fn/expr to apply ln_f and lm_head to what it records")
 def test_8_logit_lens() -> None:
     """Final norm and unembedding applied to each block's output."""
     model = _gpt2()

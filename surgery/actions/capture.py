@@ -11,9 +11,10 @@ from torch import nn
 from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, ShapeCheck, Step, hook_failed, hook_on
 from surgery.actions.capture_hooks import item_of, output_hook, register_calls, stop_at_root, stop_hook
 from surgery.actions.functions import capture_on, inside_step
+from surgery.core.callables import resolve_callable
 from surgery.core.ledger import Ledger
 from surgery.core.output import say
-from surgery.core.records import Record
+from surgery.core.records import Record, detached
 from surgery.core.schema import CaptureAction, LogAction
 from surgery.core.select import Target
 from surgery.errors import ConfigError
@@ -39,6 +40,7 @@ class Capture(Kind):
         want_input, want_output = "input" in cfg.what, "output" in cfg.what
         if cfg.function is not None:
             return inside_step(self, cfg, targets, ctx, capture_on(cfg, action, tensors_in))
+        transform = resolve_callable(cfg.fn, f"{ctx.where}.fn", ctx.safe) if cfg.fn is not None else None
         index = compile_index(cfg.index, f"{ctx.where}.index") if cfg.index is not None else None
         if cfg.stop and targets and targets[-1].module is ctx.root:
             raise ConfigError(f"{ctx.where}.stop: stop ends the root's forward early; select a module inside it")
@@ -56,7 +58,10 @@ class Capture(Kind):
                     hook = _reducing_hook(record, want_input, want_output, action, target.name)
                     hook_on(ledger, target.module.register_forward_hook, hook, cfg, with_kwargs=True)
                     continue
-                if not want_input and cfg.item is None and index is None and not cfg.clone:
+                if transform is not None:
+                    hook = _transformed_hook(record, transform, cfg.detach, cfg.keep == "last", action, target.name)
+                    hook_on(ledger, target.module.register_forward_hook, hook, cfg)
+                elif not want_input and cfg.item is None and index is None and not cfg.clone:
                     hook = output_hook(record, cfg.detach, cfg.keep == "last")  # as cheap as a hand-written hook
                     hook_on(ledger, target.module.register_forward_hook, hook, cfg)
                 else:
@@ -76,6 +81,26 @@ def tensors_in(value: Any, what: str) -> list[tuple[str, torch.Tensor]]:
         return [(what, value)]
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (tuple, list)) else ()
     return [(f"{what}.{k}", v) for k, v in items if isinstance(v, torch.Tensor)]
+
+
+def _transformed_hook(
+    record: Record, fn: Callable[..., Any], detach: bool, last: bool, action: str, name: str
+) -> Callable[..., None]:
+    """A forward hook recording ``fn(module, inputs, output)`` as the call's output (a logit lens, a projection)."""
+    outputs, latest = record.outputs, record.latest
+
+    def hook(m: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        try:
+            value = fn(m, args, output)
+        except Exception as e:
+            raise hook_failed(action, name, e) from e
+        value = detached(value) if detach else value
+        if last:
+            latest[0] = (value, None)
+        else:
+            outputs.append((value, None))
+
+    return hook
 
 
 def _reducing_hook(record: Record, want_input: bool, want_output: bool, action: str, name: str) -> Callable:

@@ -267,6 +267,8 @@ class ModifyGradAction(Hooked, Action, OpArgs):
 class CaptureAction(Hooked, Inside, Action):
     """capture: record inputs and/or outputs of every call."""
 
+    objects: ClassVar[tuple[str, ...]] = ("fn",)  # Python dict recipes: fn may be a callable
+
     what: list[str] = field(default_factory=lambda: ["output"])  # input, output
     to: str = "memory"  # memory (s.captures, then captures.safetensors) | disk (one shard per batch)
     reduce: str = "none"  # none: every call | mean | stats: running elementwise stats over calls and batch
@@ -279,12 +281,19 @@ class CaptureAction(Hooked, Inside, Action):
     keep: str = "all"  # all: every call | last: only the last call (like a hand-written store[name] = output)
     stop: bool = False  # end the forward after the last selected module: model(x) returns None
     always: bool = False  # record the inputs even when the forward raises (what must list input)
+    fn: Any = None  # record fn(module, inputs, output) as the output instead (pkg.module:function, or a callable)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_hooked()
         self.check_inside()
         self.check_capture_keys()
+        if self.fn is not None:
+            clash = [k for k, bad in (("what", self.what != ["output"]), ("reduce", self.reduce != "none"),
+                     ("item", self.item is not None), ("index", self.index is not None), ("clone", self.clone),
+                     ("function", self.function is not None)) if bad]  # fmt: skip
+            if clash:
+                raise FieldError("fn", f"records fn(module, inputs, output) as the output; drop {clash[0]}")
         if not self.what:
             raise FieldError("what", "list at least one of input, output")
         for w in self.what:
