@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from surgery.actions.sharded import fsdp1_hint, refuse_on_fsdp1
+from surgery.actions.sharded import fsdp1_hint, is_dtensor, refuse_on_fsdp1
 from surgery.core.calls import CallCounter, gated, parse_calls
 from surgery.core.globs import compile_globs
 from surgery.core.ledger import Ledger
@@ -193,6 +193,12 @@ def check_module_reads(reads: frozenset[str], targets: list[Target], ctx: BindCo
         module = target.module
         added = ctx.added.get(id(module), {})
         for name in sorted(reads):
+            if is_dtensor(module._parameters.get(name)):  # what the expression would see is this rank's shard
+                raise ConfigError(
+                    f"{ctx.where}.{key}: module.{name} of {target.name!r} is sharded by FSDP2 (a DTensor): an"
+                    " expression would compute with this rank's shard only; apply the surgery before fully_shard,"
+                    " or use replace_forward fn: linear, which reads the whole weight"
+                )
             if name in module._parameters or name in module._buffers or name in module._modules or name in added:
                 continue
             if isinstance(module.__dict__.get(name), (int, float, bool, tuple)):

@@ -25,6 +25,7 @@ from surgery.actions.base import (
     tensors_of,
 )
 from surgery.actions.init import check_fits, fill_
+from surgery.actions.sharded import is_dtensor
 from surgery.core.ledger import Ledger
 from surgery.core.schema import INIT_METHODS, AddBufferAction, AddParameterAction, FreezeAction
 from surgery.core.select import Target
@@ -87,6 +88,11 @@ class AddTensor(Kind):
                 raise ConfigError(
                     f"{ctx.where}.name: module {target.name!r} ({type(module).__name__}) already has an"
                     f" attribute {cfg.name!r}; choose another name"
+                )
+            if self.tensor_kind == "parameters" and any(is_dtensor(t) for t in ctx.root.parameters()):
+                raise ConfigError(
+                    f"{ctx.where}: {target.name!r} is in a model sharded by FSDP2: a parameter added now is not one"
+                    " FSDP shards, gathers or reduces, so ranks would train it apart; add it before fully_shard"
                 )
             dtype, device = _home(module, ctx.root)
             if cfg.like is not None:
