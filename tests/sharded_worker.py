@@ -179,6 +179,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(results, f, indent=1)
+    dist.barrier()  # no rank tears gloo down while another still uses it (a rank aborted once at exit without this)
     dist.destroy_process_group()
 
 
