@@ -44,6 +44,11 @@ from surgery.errors import ConfigError
 Grads = tuple[torch.Tensor | None, ...]
 
 
+def _changed(grads: Grads, op: Callable[..., torch.Tensor], module: nn.Module, item: int | None) -> Grads:
+    """``grads`` with ``op`` applied to each gradient (only ``item`` when set); None stays None."""
+    return tuple(g if g is None or (item is not None and i != item) else op(g, module) for i, g in enumerate(grads))
+
+
 def _own_copies(grads: Grads) -> Grads:
     """Copies a record owns: autograd may hand the same memory on (a leaf's ``.grad`` accumulates into it in place,
     DDP all-reduces a parameter's into its average), so a bare ``detach()`` would show later values, not these."""
@@ -179,10 +184,7 @@ class ModifyGrad(Kind):
 
                 def hook(m: nn.Module, grad_input: Grads, grad_output: Grads, name: str = name) -> Grads:
                     try:
-                        return tuple(
-                            g if g is None or (item is not None and i != item) else op(g, m)
-                            for i, g in enumerate(grad_input)
-                        )
+                        return _changed(grad_input, op, m, item)
                     except Exception as e:
                         raise hook_failed(action, name, e) from e
 
@@ -204,10 +206,7 @@ def _pre_hooks(
 
             def pre_hook(m: nn.Module, grad_output: Grads, name: str = name) -> Grads:
                 try:
-                    return tuple(
-                        g if g is None or (item is not None and i != item) else op(g, m)
-                        for i, g in enumerate(grad_output)
-                    )
+                    return _changed(grad_output, op, m, item)
                 except Exception as e:
                     raise hook_failed(action, name, e) from e
 
