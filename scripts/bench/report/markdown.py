@@ -31,3 +31,17 @@ def ms(seconds: float) -> str:
 
 def yes(met: bool) -> str:
     return "**met**" if met else "**not met**"
+
+
+def load_note(data: dict[str, Any]) -> str:
+    """A sentence with the load average when this benchmark started, and a warning when it exceeded the CPUs."""
+    info = data.get("machine", {})
+    load, cpus = info.get("load_1min"), info.get("nproc") or 1
+    if load is None:
+        return ""
+    if load > cpus:
+        return (
+            f" **Measured under load** (load average {load} on {cpus} CPUs when it started): absolute times are"
+            " inflated and noisy; rerun on a quiet machine for final numbers."
+        )
+    return f" Load average (1 min) when it started: {load}."
