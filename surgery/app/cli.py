@@ -46,15 +46,36 @@ def usage(options: Callable[[str], list[str]] = group_options) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
-def _task(cfg: DictConfig) -> None:
-    from surgery.core.output import use_logging
+class _Task:
+    """Hydra's task function: one job.
 
-    use_logging(True)  # Hydra has configured logging now: lines go to the console and surgery.log
-    try:
-        _job(cfg)
-    finally:
-        use_logging(False)  # a library call later in this process prints again
+    A launcher that runs jobs in other processes (submitit, joblib) pickles it there, and the job's
+    config is composed in that process: unpickling installs surgery's Hydra hooks first, so the
+    override checks and safe mode act there as they do here.
+    """
+
+    def __call__(self, cfg: DictConfig) -> None:
+        from surgery.core.output import use_logging
+
+        use_logging(True)  # Hydra has configured logging now: lines go to the console and surgery.log
+        try:
+            _job(cfg)
+        finally:
+            use_logging(False)  # a library call later in this process prints again
+
+    def __reduce__(self) -> tuple[Callable[[], _Task], tuple[()]]:
+        return _task_in_worker, ()
+
+
+def _task_in_worker() -> _Task:
+    """The task as a launcher's worker process unpickles it: with surgery's Hydra hooks installed."""
+    from surgery.app.hydra_hooks import install
+
+    install()
+    return _Task()
+
+
+_task = hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")(_Task())
 
 
 def _job(cfg: DictConfig) -> None:

@@ -7,7 +7,9 @@ the few Hydra functions involved. Each wrapper refuses with one ``error: ...`` l
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,7 +18,11 @@ from surgery.errors import ConfigError, SurgeryError, did_you_mean
 
 EXIT_BAD_INPUT = 2
 # Launcher and sweeper plugins a shipped extra installs: Hydra's "Could not find" gets the pip line.
-PLUGIN_EXTRAS = {"hydra/launcher/joblib": "sweep"}
+PLUGIN_EXTRAS = {
+    "hydra/launcher/joblib": "sweep",
+    "hydra/launcher/submitit_slurm": "slurm",
+    "hydra/launcher/submitit_local": "slurm",
+}
 # Under safe=true a logging config may name only these classes (Hydra's defaults use the first two).
 SAFE_LOG_CLASSES = (
     "logging.StreamHandler", "logging.FileHandler", "logging.NullHandler", "logging.Formatter", "logging.Filter",
@@ -206,12 +212,40 @@ def _message(error: Exception) -> str | None:
     return None
 
 
+def _failed_job(error: Exception) -> tuple[str, bool] | None:
+    """A submitit job that ended without a result: (what to print, whether it was bad input), or None.
+
+    The job exited (``sys.exit(2)`` with its one-line error, or exit 1 after a traceback) or was
+    killed; submitit then raises ``UncompletedJobError`` holding the job's error stream.
+    """
+    # submitit.core.utils's class (or its FailedJobError), by name: the slurm extra may be absent
+    if "UncompletedJobError" not in {kind.__name__ for kind in type(error).__mro__}:
+        return None
+    text = str(error)
+    lines = text.splitlines()
+    path = re.search(r" with path (\S+)", lines[0])
+    logs = f"job logs: {Path(path.group(1)).parent}" if path else "job logs: hydra.sweep.dir/.submitit/"
+    said = [line for line in lines if line.startswith("error: ")]
+    if said and "unexpected internal failure" not in said[-1]:
+        return f"{said[-1].removeprefix('error: ')} ({logs})", True
+    return f"{text}\nerror: a sweep job failed ({logs})", False
+
+
 def _translating(run_and_report: Any) -> Any:
     def translated(func: Any) -> Any:
         def call() -> Any:
             try:
                 return func()
             except Exception as e:
+                failed = _failed_job(e)
+                if failed is not None:
+                    text, bad_input = failed
+                    if bad_input:
+                        refuse(text)
+                    from surgery.app.cli import InternalFailure
+
+                    print(text, file=sys.stderr)
+                    raise InternalFailure(1) from None
                 message = _message(e)
                 if message is None:
                     raise
