@@ -2,7 +2,8 @@
 
 Hydra has no hook between composing a config and acting on it (building ``hydra.callbacks``,
 configuring logging from ``hydra.hydra_logging``), nor for its own error messages, so these wrap
-the few Hydra functions involved. Each wrapper refuses with one ``error: ...`` line and exit 2.
+the few Hydra functions involved. Each wrapper refuses with one ``error: ...`` line and exit 2; a sweep
+job that failed in another process (submitit) exits 2 with its own error line, or 1 when it failed unexpectedly.
 """
 
 from __future__ import annotations
