@@ -145,6 +145,23 @@ def test_reduce_folds_both_calls_of_every_captured_tensor(reduce: str) -> None:
             assert set(got[what]) == {"mean", "count"}
 
 
+@pytest.mark.parametrize("stats", [False, True])
+def test_running_moments_are_the_mean_and_m2_of_every_row(stats: bool) -> None:
+    from surgery.core.records import Running
+
+    running, rows = (
+        Running(stats=stats),
+        [torch.randn(3, 5, generator=torch.Generator().manual_seed(i)) for i in range(4)],
+    )
+    for batch in rows:
+        running.add(batch)
+    every = torch.cat(rows).double()
+    mean, m2 = running.moments()
+    assert running.count == 12
+    torch.testing.assert_close(mean, every.mean(0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(m2, ((every - every.mean(0)) ** 2).sum(0), rtol=0, atol=1e-10)
+
+
 def test_reduce_of_keyword_inputs_folds_both_calls() -> None:
     model, x = TwiceByKeyword(), data()
     with surgery.apply(model, {"c": {"kind": "capture", "select": "shift", "what": ["input"], "reduce": "mean"}}) as s:

@@ -50,15 +50,20 @@ def version_of(tensor: torch.Tensor) -> int | None:
 
 
 class Running:
-    """Elementwise mean/std/min/max over calls and the batch dim, without keeping the tensors.
+    """Elementwise mean (and with ``stats`` std/min/max) over calls and the batch dim, without keeping the tensors.
 
-    Batches are merged with Chan et al.'s pairwise update, in float64. Safe when the model runs in
-    several threads: each call's statistics are computed outside the lock, only the merge holds it.
+    ``mean`` keeps float64 sums of x and x² (two reductions a call: what a hand-written mean costs, and
+    enough for ``moments``); ``stats`` merges batches with Chan et al.'s pairwise update, in float64.
+    Safe when the model runs in several threads: each call's statistics are computed outside the lock,
+    only the merge holds it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stats: bool = True) -> None:
         self._lock = threading.Lock()
+        self.stats = stats
         self.count = 0
+        self.sum: torch.Tensor | None = None  # mean only: the float64 sums over every row so far
+        self.sumsq: torch.Tensor | None = None
         self.mean: torch.Tensor | None = None
         self.m2: torch.Tensor | None = None
         self.min: torch.Tensor | None = None
@@ -68,19 +73,31 @@ class Running:
         """Fold in one call's tensor; dim 0 is the batch."""
         x = tensor.detach().double()
         x = x.unsqueeze(0) if x.dim() == 0 else x
+        if not self.stats:  # a sum per call: the deviations, min and max would be thrown away
+            total, squares = x.sum(0), (x * x).sum(0)
+            with self._lock:
+                self._check_shape(self.sum, total)
+                if self.sum is None or self.sumsq is None:
+                    self.sum, self.sumsq = total, squares
+                else:
+                    self.sum, self.sumsq = self.sum + total, self.sumsq + squares
+                self.count += x.shape[0]
+            return
         n, mean = x.shape[0], x.mean(0)
         m2, low, high = ((x - mean) ** 2).sum(0), x.amin(0), x.amax(0)
         with self._lock:  # read-modify-write of five fields: two threads merging at once would lose one's update
             self._merge(n, mean, m2, low, high)
 
+    @staticmethod
+    def _check_shape(seen: torch.Tensor | None, new: torch.Tensor) -> None:
+        if seen is not None and new.shape != seen.shape:
+            raise SurgeryError(f"reduce needs the same shape on every call: {list(seen.shape)} then {list(new.shape)}")
+
     def _merge(self, n: int, mean: torch.Tensor, m2: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
         if self.mean is None:
             self.count, self.mean, self.m2, self.min, self.max = n, mean, m2, low, high
             return
-        if mean.shape != self.mean.shape:
-            raise SurgeryError(
-                f"reduce needs the same shape on every call: {list(self.mean.shape)} then {list(mean.shape)}"
-            )
+        self._check_shape(self.mean, mean)
         total = self.count + n
         delta = mean - self.mean
         self.mean = self.mean + delta * (n / total)
@@ -88,15 +105,25 @@ class Running:
         self.min, self.max = torch.minimum(self.min, low), torch.maximum(self.max, high)  # type: ignore[arg-type]
         self.count = total
 
-    def summary(self, stats: bool) -> dict[str, torch.Tensor]:
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float64 elementwise mean and sum of squared deviations (M2) over every row so far."""
+        with self._lock:
+            if self.stats:
+                assert self.mean is not None and self.m2 is not None
+                return self.mean, self.m2
+            assert self.sum is not None and self.sumsq is not None
+            mean = self.sum / self.count
+            return mean, (self.sumsq - self.sum * mean).clamp_min(0.0)
+
+    def summary(self) -> dict[str, torch.Tensor]:
         """``mean`` (and with ``stats`` also ``std``, ``min``, ``max``) as float32 tensors."""
         with self._lock:  # one consistent state, even while other threads still add
+            if not self.stats:
+                assert self.sum is not None
+                return {"mean": (self.sum / self.count).float()}
             assert self.mean is not None and self.m2 is not None
-            out = {"mean": self.mean.float()}
-            if stats:
-                std = (self.m2 / max(self.count - 1, 1)).sqrt()
-                out.update(std=std.float(), min=self.min.float(), max=self.max.float())  # type: ignore[union-attr]
-            return out
+            std = (self.m2 / max(self.count - 1, 1)).sqrt()
+            return {"mean": self.mean.float(), "std": std.float(), "min": self.min.float(), "max": self.max.float()}  # type: ignore[union-attr]
 
 
 class Record:
@@ -122,7 +149,7 @@ class Record:
         running = self.running.get(what)
         if running is None:
             with self._lock:
-                running = self.running.setdefault(what, Running())
+                running = self.running.setdefault(what, Running(stats=self.reduce == "stats"))
         return running
 
     @property
@@ -162,10 +189,7 @@ class Record:
     @property
     def reduced(self) -> dict[str, dict[str, torch.Tensor]]:
         """``{WHAT: {"mean": ..., ["std", "min", "max"]}}`` for ``reduce: mean|stats``, plus ``count``."""
-        return {
-            what: {**r.summary(self.reduce == "stats"), "count": torch.tensor(r.count)}
-            for what, r in list(self.running.items())
-        }
+        return {what: {**r.summary(), "count": torch.tensor(r.count)} for what, r in list(self.running.items())}
 
     def _last(self) -> Call:
         if not self.calls:

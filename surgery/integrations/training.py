@@ -166,8 +166,7 @@ def _tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
 
 def _window_stats(running: Running) -> dict[str, float]:
     """Pooled over every row and element: the law of total variance over the elementwise mean and M2."""
-    mean, m2, rows = running.mean, running.m2, running.count
-    assert mean is not None and m2 is not None
+    (mean, m2), rows = running.moments(), running.count
     elements = mean.numel()
     overall = mean.mean()
     total_m2 = m2.sum() + rows * ((mean - overall) ** 2).sum()
