@@ -470,6 +470,49 @@ def test_closest_names(wanted: str, included: str) -> None:
     assert 0 < len(suggestions) <= 5
 
 
+SUGGEST_FROM = [
+    "<root>", "encoder", "encoder.layer.0", "encoder.layer.0.attn", "encoder.layer.1", "encoder.layer.1.attn",
+    "decoder", "decoder.proj", "head",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("wanted", "n", "expected"),
+    [
+        # most similar first (difflib), then the names sharing the longest literal prefix, no repeats
+        (
+            "encoder.layer.0.atn",
+            5,
+            ["encoder.layer.0.attn", "encoder.layer.1.attn", "encoder.layer.0", "encoder.layer.1", "encoder"],
+        ),
+        # wildcards are dropped from the literal ('encoder.layer.atn'); equal scores come in difflib's order
+        (
+            "encoder.layer.*.atn",
+            5,
+            ["encoder.layer.1.attn", "encoder.layer.0.attn", "encoder.layer.1", "encoder.layer.0", "encoder"],
+        ),
+        ("encoder.layer.*.atn", 2, ["encoder.layer.1.attn", "encoder.layer.0.attn"]),
+        (
+            "encoder..layer",
+            5,
+            ["encoder.layer.1", "encoder.layer.0", "encoder.layer.1.attn", "encoder.layer.0.attn", "encoder"],
+        ),
+        ("decodr.proj", 5, ["decoder.proj", "decoder", "encoder", "encoder.layer.1", "encoder.layer.0"]),
+        # nothing similar enough (ratio < 0.5) but a shared prefix: only those names
+        ("head.fc", 5, ["head"]),
+        (".head.", 5, ["head"]),
+        # the prefix stops at the first wildcard; names sharing it, in model order, up to n
+        ("enc*", 3, ["encoder", "encoder.layer.0", "encoder.layer.0.attn"]),
+        ("decoder.*.x", 5, ["decoder", "decoder.proj", "encoder", "encoder.layer.1", "encoder.layer.0"]),
+        # nothing similar and no prefix: the first n names
+        ("**.attn", 5, ["<root>", "encoder", "encoder.layer.0", "encoder.layer.0.attn", "encoder.layer.1"]),
+        ("zzz", 3, ["<root>", "encoder", "encoder.layer.0"]),
+    ],
+)
+def test_closest_names_ranking(wanted: str, n: int, expected: list[str]) -> None:
+    assert closest_names(wanted, SUGGEST_FROM, n) == expected
+
+
 def test_closest_names_never_empty() -> None:
     assert closest_names("zzz", NAMES, n=3) == NAMES[:3]
     assert closest_names("*", NAMES, n=2) == NAMES[:2]
