@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -201,3 +202,24 @@ def fmt_time(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.0f} µs"
+
+
+IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)")
+
+
+def cli_env() -> dict[str, str]:
+    """The environment a benchmarked ``python -m surgery`` child runs with (this checkout on the path)."""
+    return {"PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
+
+
+def import_times(command: Sequence[str], top: int) -> list[dict[str, Any]]:
+    """Import time of ``command`` (``[python, args...]``) by top-level package, own modules only (``-X importtime``)."""
+    run = run_child([command[0], "-X", "importtime", *command[1:]], cwd=ROOT, env=cli_env())
+    totals: dict[str, int] = {}
+    for line in run.stderr.splitlines():
+        match = IMPORT_LINE.match(line)
+        if match:
+            root = match.group(4).split(".")[0]
+            totals[root] = totals.get(root, 0) + int(match.group(1))
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return [{"package": name, "self_s": us / 1e6} for name, us in ranked[:top]]

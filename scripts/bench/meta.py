@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import gc
 import io
-import re
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scripts.bench.common import ROOT, machine, run_child, write_json
+from scripts.bench.common import ROOT, cli_env, import_times, machine, run_child, write_json
 
 BUILD_PLAN_TARGET_S = 1.0  # the whole in-process CLI call, per recipe
 PLAN_TARGET_S = 0.05  # surgery.plan alone, per recipe
@@ -59,7 +58,6 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
 }
 ALL = "all five"
 IMPORTS = "import surgery.app.cli, surgery.app.job, transformers.models.llama.modeling_llama"
-IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)")
 
 
 def overrides(name: str) -> list[str]:
@@ -68,10 +66,6 @@ def overrides(name: str) -> list[str]:
         return [*BASE, *RECIPES[name][1]]
     inline = "+actions.clip={kind: modify_grad, type: Linear, param: weight, op: clip_norm, max_norm: 1.0}"
     return [*BASE, *(o for n, (_, os_) in RECIPES.items() for o in os_ if n != "clip_grads"), inline]
-
-
-def env() -> dict[str, str]:
-    return {"PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
 
 
 def cold_runs(names: list[str], runs: int, directory: str) -> dict[str, Any]:
@@ -83,14 +77,14 @@ def cold_runs(names: list[str], runs: int, directory: str) -> dict[str, Any]:
     for n in names:
         where = f"hydra.run.dir={directory}/cold-{n.replace(' ', '_')}"
         commands[n] = [sys.executable, "-m", "surgery", *overrides(n), where]
-    run_child(commands["imports"], cwd=ROOT, env=env())  # warm the file cache
+    run_child(commands["imports"], cwd=ROOT, env=cli_env())  # warm the file cache
     for i in range(runs):
         for name, command in commands.items() if i % 2 == 0 else reversed(list(commands.items())):
-            run = run_child(command, cwd=ROOT, env=env())
+            run = run_child(command, cwd=ROOT, env=cli_env())
             walls[name].append(run.wall_s)
             cpus[name].append(run.cpu_s)
             peak[name] = max(peak.get(name, 0.0), run.peak_rss_mib)
-    top = import_times(commands[names[0]])
+    top = import_times(commands[names[0]], 8)
     return {
         "runs": runs,
         "wall_s": {n: statistics.median(v) for n, v in walls.items()},
@@ -98,19 +92,6 @@ def cold_runs(names: list[str], runs: int, directory: str) -> dict[str, Any]:
         "peak_rss_mib": peak,
         "imports_by_package": top,
     }
-
-
-def import_times(command: list[str]) -> list[dict[str, Any]]:
-    """Import time of the cold command by top-level package, own modules only (``-X importtime``)."""
-    run = run_child([command[0], "-X", "importtime", *command[1:]], cwd=ROOT, env=env())
-    totals: dict[str, int] = {}
-    for line in run.stderr.splitlines():
-        match = IMPORT_LINE.match(line)
-        if match:
-            root = match.group(4).split(".")[0]
-            totals[root] = totals.get(root, 0) + int(match.group(1))
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    return [{"package": name, "self_s": us / 1e6} for name, us in ranked[:8]]
 
 
 class Spy:

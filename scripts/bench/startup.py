@@ -10,38 +10,18 @@ importtime`` on the CLI then says which packages' imports take the time (their o
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
-from typing import Any
 
-from scripts.bench.common import ROOT, machine, run_child, write_json
+from scripts.bench.common import ROOT, cli_env, import_times, machine, run_child, write_json
 
 TARGET_S = 1.0
 CLI = ["-m", "surgery", "+model=cnn", "+actions=linearize"]
-IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)")
 
 
 def cli_args(directory: str) -> list[str]:
     return [sys.executable, *CLI, f"hydra.run.dir={directory}"]
-
-
-def import_times(directory: str) -> list[dict[str, Any]]:
-    """Import time of the CLI run by top-level package, its own modules only (``self`` of ``-X importtime``)."""
-    run = run_child([sys.executable, "-X", "importtime", *cli_args(directory)[1:]], cwd=ROOT, env=env())
-    totals: dict[str, int] = {}
-    for line in run.stderr.splitlines():
-        match = IMPORT_LINE.match(line)
-        if match:
-            root = match.group(4).split(".")[0]
-            totals[root] = totals.get(root, 0) + int(match.group(1))
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    return [{"package": name, "self_s": us / 1e6} for name, us in ranked[:12]]
-
-
-def env() -> dict[str, str]:
-    return {"PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,14 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     walls: dict[str, list[float]] = {"import torch": [], "cli": []}
     cpus: dict[str, list[float]] = {"import torch": [], "cli": []}
     with tempfile.TemporaryDirectory() as directory:
-        run_child(cli_args(directory), cwd=ROOT, env=env())  # warm the file cache for both
+        run_child(cli_args(directory), cwd=ROOT, env=cli_env())  # warm the file cache for both
         for i in range(runs):
             order = [("import torch", torch_only), ("cli", cli_args(directory))]
             for name, command in order if i % 2 == 0 else reversed(order):
-                run = run_child(command, cwd=ROOT, env=env())
+                run = run_child(command, cwd=ROOT, env=cli_env())
                 walls[name].append(run.wall_s)
                 cpus[name].append(run.cpu_s)
-        imports = import_times(directory)
+        imports = import_times(cli_args(directory), 12)
     wall = {k: statistics.median(v) for k, v in walls.items()}
     cpu = {k: statistics.median(v) for k, v in cpus.items()}
     extra_wall = wall["cli"] - wall["import torch"]
