@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -183,7 +185,7 @@ class Record:
                     f"{self.key}: call {i} was changed in place after it was captured (e.g. by a ReLU(inplace=True)"
                     " after the module), so it no longer holds what the module gave; capture with clone: true",
                     RecordChangedWarning,
-                    stacklevel=3,
+                    stacklevel=_caller_outside_surgery(),
                 )
 
     @property
@@ -228,6 +230,21 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record({self.key!r}, calls={len(self.calls)})"
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../surgery/
+
+
+def _caller_outside_surgery() -> int:
+    """The ``stacklevel`` (as seen by our caller) of the first frame outside the surgery package: the user's line.
+
+    A fixed level would name records.py when the record is read through ``.output`` or ``_last`` (one frame
+    deeper than ``.calls``), or engine.py through ``take_streamed``.
+    """
+    level, frame = 1, sys._getframe(1)  # our caller: what warn's stacklevel=1 names
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _stamped(pair: tuple[Any, int | None]) -> Call:
