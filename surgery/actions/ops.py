@@ -24,7 +24,7 @@ Op = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
 def make_op(
-    cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool = False, sources: Any = None
+    cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool, sources: Any = None
 ) -> Callable[..., Op]:
     """Check the op now; return ``build(ledger=None)`` giving ``op(tensor, module)``. ``var`` names the tensor in an
     expr. ``sources`` (a ``SourceContext``: earlier steps, matched modules) lets ``from: {capture}`` be checked;
@@ -32,7 +32,7 @@ def make_op(
     index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
     if cfg.from_ is not None or isinstance(cfg.value, torch.Tensor):
         return source_op(cfg, where, safe, index, sources)
-    build = _elementwise(cfg, where, seed, action, var, safe, index)
+    build = _elementwise(cfg, where, seed, action, var, safe)
     if index is None:
         return lambda ledger=None: build()
 
@@ -53,9 +53,7 @@ def make_op(
     return build_sliced
 
 
-def _elementwise(
-    cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool, index: tuple | None
-) -> Callable[[], Op]:
+def _elementwise(cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool) -> Callable[[], Op]:
     op = cfg.op
     if op == "add":
         value = float(cfg.value)  # type: ignore[arg-type]
