@@ -15,7 +15,7 @@ from torch import nn
 from surgery.core.compiled import RAN, WRAPPER, compiled_state
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.ledger import Ledger, values_of
-from surgery.core.records import Record, flatten_captures
+from surgery.core.records import Record, _caller_outside_surgery, flatten_captures
 from surgery.core.restore import ModelState
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
 
@@ -193,7 +193,8 @@ def warn_if_compiled(model: nn.Module, done: str) -> None:
         )
     else:
         return
-    warnings.warn(message, CompiledModelWarning, stacklevel=3)
+    # the user's line, however deep (apply, remove, a with block's exit): a fixed level named surgery's own files
+    warnings.warn(message, CompiledModelWarning, stacklevel=_caller_outside_surgery())
 
 
 def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **plan_options: Any) -> Surgery:
