@@ -71,3 +71,16 @@ def test_verify_false_skips_the_check_of_a_verified_surgery() -> None:
     model[1].register_forward_hook(lambda *args: None)
     s.remove(verify=False)
     assert not s.active and not model[0]._forward_hooks
+
+
+def test_a_weight_holding_nan_is_restored_and_verified_bit_for_bit() -> None:
+    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    with torch.no_grad():
+        model[0].weight[1, 2] = float("nan")
+    before = model[0].weight.detach().clone()
+    s = surgery.apply(model, {"z": {"kind": "init", "select": "0", "param": "weight", "method": "zeros"}}, verify=True)
+    assert torch.equal(model[0].weight, torch.zeros(2, 3))
+    s.remove()  # NaN != NaN must not read as "values differ"
+    after = model[0].weight.detach()
+    assert torch.equal(after.isnan(), before.isnan()) and after.isnan().sum() == 1
+    assert torch.equal(after.view(torch.int32), before.view(torch.int32))

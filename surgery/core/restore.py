@@ -136,9 +136,19 @@ class ModelState:
             kept = originals.get(id(tensor))
             if kept is None or kept[0] is not tensor:
                 diffs.append(f"tensor {name}: written in place while the surgery was applied and not restored")
-            elif not torch.equal(tensor.detach(), kept[1]):
+            elif not _equal_with_nan(tensor.detach(), kept[1]):
                 diffs.append(f"tensor {name}: values differ from before the surgery")
         return diffs
+
+
+def _equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal``, where a NaN restored in its place counts as equal (NaN != NaN would refuse the restore)."""
+    if torch.equal(a, b):
+        return True
+    if not (a.is_floating_point() or a.is_complex()) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
 
 
 def _dict_diffs(
