@@ -116,7 +116,7 @@ def einsum_problem(equation: str, operands: int) -> str | None:
     if len(terms) != operands:
         return f"the equation names {len(terms)} operand(s), the call gives {operands}"
     for term in [*terms, output]:
-        if term.replace("...", "", 1).count(".") or not term.replace("...", "").isalpha() and term.replace("...", ""):
+        if term.replace("...", "", 1).count("."):  # the character check left only letters, dots and one '->'
             return f"{term!r}: each term is letters with at most one '...'"
     if "->" in text:
         letters = output.replace("...", "")
