@@ -64,6 +64,8 @@ class OnLoad(Kind):
                 )
 
         def apply(ledger: Ledger) -> None:
+            # the post-hook is counted for this action even with no rename (ledger.each would not set it)
+            ledger.action = action
             # added tensors are forgiven whatever the order of the actions (ctx.added is complete once compiled)
             added = _added_names(ctx) if cfg.ignore_added else set()
             if cfg.rename:
