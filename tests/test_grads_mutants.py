@@ -349,3 +349,18 @@ def test_gradient_hooks_on_an_fsdp2_model_see_and_change_the_whole_gradient(shar
         (call,) = s.captures["c"]["l1.weight"].calls
     assert torch.equal(call.grad, plain.l1.weight.grad)
     assert torch.equal(sharded.l2.weight.grad.full_tensor(), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("kind", ["capture_grad", "modify_grad"])
+def test_a_module_with_an_old_style_backward_hook_fails_at_apply_naming_it_and_changes_nothing(kind: str) -> None:
+    """PyTorch refuses a full backward hook next to ``register_backward_hook``; the first module's hook is undone."""
+    model = Net()
+    model.l2.register_backward_hook(lambda *a: None)
+    action = {"kind": kind, "select": "l*", **({"op": "zero"} if kind == "modify_grad" else {})}
+    with pytest.raises(ActionError) as info:
+        surgery.apply(model, {"c": action})
+    assert str(info.value) == (
+        "actions.c: failed on 'l2': RuntimeError: Cannot use both regular backward hooks and full backward hooks on"
+        " a single Module. Please use only one of them.. Nothing was changed."
+    )
+    assert not model.l1._backward_hooks and model.l1._is_full_backward_hook is None

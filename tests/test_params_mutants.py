@@ -59,6 +59,7 @@ def test_the_plan_table_and_dict_name_each_added_tensor_and_each_flipped_flag() 
     ]
     with surgery.apply(model, plan) as s:
         assert [step.config.name for step in s.plan.steps[:2]] == ["g", "bb"]
+        assert [step.config.param for step in s.plan.steps[2:]] == ["*", "bias"]
         assert model[2].bb.shape == (2, 3) and not model[0].g.requires_grad and model[2].bias.requires_grad
     assert not hasattr(model[0], "g") and not hasattr(model[2], "bb") and model[0].weight.requires_grad
 
