@@ -59,7 +59,7 @@ class _Inside(TorchFunctionMode):
 def register_inside(ledger: Ledger, action: str, target: Target, cfg: Any, on_result: OnCall) -> None:
     """Hooks that enter the mode around each selected call of ``target`` and hand NAME's results to ``on_result``."""
     module, name = target.module, target.name
-    wanted = parse_calls(getattr(cfg, "calls", None))
+    wanted = parse_calls(cfg.calls)  # every kind taking function: is Hooked, so has calls
     counter = CallCounter()
     ledger.counters.append(counter)
     entered: list[bool] = []  # one per call in flight: a module called inside itself exits the right mode
