@@ -188,3 +188,12 @@ def test_ddp_changes_to_the_parameter_set_warn_at_plan_time(group: None) -> None
         "actions.r (replace_module) on a DDP-wrapped model: DDP still reduces the replaced module's parameters, so the"
         " next step fails; apply it before wrapping in DistributedDataParallel",
     ]
+
+
+def test_a_torch_without_distributed_still_inits_a_plain_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = net()
+    surgery.apply(reference, INIT, seed=3)
+    monkeypatch.setattr(dist, "is_available", lambda: False)  # as on a torch built without torch.distributed
+    model = net()
+    surgery.apply(model, INIT, seed=3)
+    assert torch.equal(model[0].weight, reference[0].weight)
