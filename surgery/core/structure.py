@@ -39,7 +39,11 @@ def replace_item(value: Any, item: Any, new: Any) -> Any:
     if isinstance(value, tuple):
         items = list(value)
         items[item] = new
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        if hasattr(value, "_fields"):  # a namedtuple
+            return type(value)(*items)
+        if hasattr(type(value), "n_sequence_fields"):  # a structseq: torch.max(x, dim), sort, topk, ...
+            return type(value)(items)
+        return tuple(items)
     if isinstance(value, list):
         out_list = list(value)
         out_list[item] = new
