@@ -77,9 +77,9 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
                 return  # passed by position: checked at run time
             picked = kwargs[check.item]
         else:
-            picked = get_item(args, check.item)
+            picked = _item(target, check, args)
     else:
-        picked = get_item(value, check.item)
+        picked = _item(target, check, value)
     if not isinstance(picked, torch.Tensor):
         return  # not a tensor here: the hook reports it
     full = tuple(picked.shape)
@@ -98,6 +98,16 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
             f"{check.where}.{key}: {check.source} has shape {list(check.shape)}, but the {check.what} of"
             f" {target.name!r} is {list(picked.shape)} on this input: it does not broadcast onto it{whole}"
         )
+
+
+def _item(target: Target, check: ShapeCheck, value: Any) -> Any:
+    """``check.item`` of ``value``, or a ConfigError naming the action's ``item`` when it does not fit."""
+    try:
+        return get_item(value, check.item)
+    except (IndexError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{check.where}.item: {check.item!r} does not fit the {check.what} of {target.name!r} on this input: {e}"
+        ) from None
 
 
 def _check_size(step: Step, per_batch: int, batches: int) -> None:
