@@ -88,8 +88,6 @@ def register_calls(ledger: Ledger, record: Record, cfg: Any, target: Target, ind
     detach, clone, last, action, name = cfg.detach, cfg.clone, cfg.keep == "last", ledger.action, target.name
     calls = record.calls
     in_item, out_item = item_of(cfg, "input") if (cfg.item is not None or index is not None) else None, cfg.item
-    if cfg.item is None and index is not None:
-        out_item = None
 
     def store(call: Call) -> None:
         if last:
