@@ -157,3 +157,10 @@ def test_a_failing_hook_raises_one_line_naming_the_action_and_module(error: Exce
         with pytest.raises(ActionError) as caught:
             model(x_of())
     assert str(caught.value) == message
+
+
+def test_add_parameter_like_a_buffer_takes_the_buffers_shape_and_dtype() -> None:
+    model = nn.Sequential(nn.BatchNorm1d(3))
+    with surgery.apply(model, {"p": {"kind": "add_parameter", "select": "0", "name": "s", "like": "running_var"}}):
+        assert model[0].s.shape == (3,) and model[0].s.dtype == model[0].running_var.dtype
+    assert not hasattr(model[0], "s")
