@@ -361,6 +361,6 @@ def test_a_module_with_an_old_style_backward_hook_fails_at_apply_naming_it_and_c
         surgery.apply(model, {"c": action})
     assert str(info.value) == (
         "actions.c: failed on 'l2': RuntimeError: Cannot use both regular backward hooks and full backward hooks on"
-        " a single Module. Please use only one of them.. Nothing was changed."
+        " a single Module. Please use only one of them. Nothing was changed."
     )
     assert not model.l1._backward_hooks and model.l1._is_full_backward_hook is None

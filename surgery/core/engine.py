@@ -224,7 +224,8 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
             if isinstance(e, SurgeryError) or not isinstance(e, Exception):
                 raise
             raise ActionError(
-                f"actions.{step.name}: failed on {where!r}: {type(e).__name__}: {e}. Nothing was changed."
+                f"actions.{step.name}: failed on {where!r}: {type(e).__name__}: {str(e).rstrip('.')}."
+                " Nothing was changed."
             ) from e
     surgery = Surgery(model, plan, ledger, before)
     _ACTIVE.setdefault(model, []).append(weakref.ref(surgery))
