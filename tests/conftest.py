@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from surgery.models.functions import Functions
@@ -187,3 +189,27 @@ def run_both(model: nn.Module, *inputs: Any) -> Any:
     first = out[0] if isinstance(out, tuple) else out
     first.sum().backward()
     return out
+
+
+@pytest.fixture
+def gloo_group() -> Iterator[None]:
+    """A gloo process group of one rank in this process, torn down afterwards (skips if one is already set up)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fully_shard_one_rank(model: nn.Module, layers: Sequence[nn.Module] = ()) -> nn.Module:
+    """``model`` under FSDP2 ``fully_shard`` on a CPU mesh of one rank: each of ``layers`` first, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import init
 from torch.utils.checkpoint import checkpoint
@@ -131,19 +129,7 @@ def test_init_failing_at_apply_names_the_tensor_and_changes_nothing() -> None:
     assert torch.equal(model[0].weight, torch.ones(2, 3, 4))
 
 
-@pytest.fixture
-def gloo() -> Iterator[None]:
-    """A gloo process group of one rank in this process, torn down afterwards."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already set up in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def test_init_under_fsdp1_is_refused_naming_the_key_kind_and_module(gloo: None) -> None:
+def test_init_under_fsdp1_is_refused_naming_the_key_kind_and_module(gloo_group: None) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     with warnings.catch_warnings():
@@ -156,7 +142,7 @@ def test_init_under_fsdp1_is_refused_naming_the_key_kind_and_module(gloo: None) 
     )
 
 
-def test_init_under_fsdp2_draws_the_whole_tensor_as_unsharded_torch_does(gloo: None) -> None:
+def test_init_under_fsdp2_draws_the_whole_tensor_as_unsharded_torch_does(gloo_group: None) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 

@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch.distributed as dist
 from torch import nn
 
 import surgery
 from surgery.errors import ConfigError
+from tests.conftest import fully_shard_one_rank
 
 
 @pytest.fixture
-def sharded() -> Iterator[nn.Module]:
-    """A two-layer MLP under ``fully_shard`` on a CPU mesh of one rank; the group is torn down afterwards."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already set up in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in (model[0], model[2]):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        yield model
-    finally:
-        dist.destroy_process_group()
+def sharded(gloo_group: None) -> nn.Module:
+    """A two-layer MLP under ``fully_shard`` on a CPU mesh of one rank."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    return fully_shard_one_rank(model, (model[0], model[2]))
 
 
 def test_an_expression_reading_a_sharded_weight_is_refused(sharded: nn.Module) -> None:

@@ -6,16 +6,16 @@ and hook failures word for word; the plan table as printed; hooks counted per ac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import surgery
 from surgery.errors import ActionError, ConfigError, NoMatchError
+from tests.conftest import fully_shard_one_rank
 
 
 class Pair(nn.Module):
@@ -321,20 +321,9 @@ def test_a_gradient_op_failing_outside_an_expression_names_the_error_type(action
 
 
 @pytest.fixture
-def sharded() -> Iterator[nn.Module]:
-    """Net under ``fully_shard`` on a CPU mesh of one rank (as in test_fsdp2_refusals)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already set up in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = Net()
-        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-        yield model
-    finally:
-        dist.destroy_process_group()
+def sharded(gloo_group: None) -> nn.Module:
+    """Net under ``fully_shard`` (the root only) on a CPU mesh of one rank."""
+    return fully_shard_one_rank(Net())
 
 
 def test_gradient_hooks_on_an_fsdp2_model_see_and_change_the_whole_gradient(sharded: nn.Module) -> None:

@@ -7,16 +7,15 @@ tensor (against ``nn.init`` with the same generator), where a new tensor lives, 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import surgery
 from surgery.actions.base import generator_for
 from surgery.errors import ActionError, ConfigError, NoMatchError
+from tests.conftest import fully_shard_one_rank
 
 
 def mlp() -> nn.Sequential:
@@ -92,20 +91,9 @@ def test_like_on_a_module_with_no_tensors_says_it_has_none() -> None:
 
 
 @pytest.fixture
-def sharded() -> Iterator[nn.Module]:
-    """A two-layer MLP under ``fully_shard`` on a CPU mesh of one rank (as in test_fsdp2_refusals)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already set up in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-        yield model
-    finally:
-        dist.destroy_process_group()
+def sharded(gloo_group: None) -> nn.Module:
+    """A two-layer MLP under ``fully_shard`` (the root only) on a CPU mesh of one rank."""
+    return fully_shard_one_rank(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
 
 
 def test_add_parameter_on_an_fsdp2_model_is_refused_word_for_word(sharded: nn.Module) -> None:

@@ -7,7 +7,6 @@ what they check is seen by the mutation run too. References are plain PyTorch on
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 
 import surgery
 from surgery.errors import ConfigError, NoMatchError
+from tests.conftest import fully_shard_one_rank
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in")
 
@@ -30,18 +30,6 @@ FLAT_HINT = (
 )
 
 
-@pytest.fixture
-def group() -> Iterator[None]:
-    """A gloo process group of one rank in this process, torn down afterwards (other files do the same)."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already set up in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def net() -> nn.Sequential:
     """The same float64 MLP every call (float64 so that a draw made in the default dtype would differ)."""
     torch.manual_seed(0)
@@ -50,14 +38,7 @@ def net() -> nn.Sequential:
 
 def fsdp2(model: nn.Module) -> nn.Module:
     """``model`` under ``fully_shard``: each Linear, then the root, on a CPU mesh of one rank."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (1,))
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    return fully_shard_one_rank(model, (model[0], model[2]))
 
 
 def fsdp1(use_orig_params: bool) -> nn.Module:
@@ -81,7 +62,7 @@ def x_in() -> torch.Tensor:
 INIT = {"i": {"kind": "init", "select": "0", "param": "weight", "method": "normal"}}
 
 
-def test_fsdp2_seeded_init_equals_the_unsharded_draw_and_remove_restores(group: None) -> None:
+def test_fsdp2_seeded_init_equals_the_unsharded_draw_and_remove_restores(gloo_group: None) -> None:
     reference = net()
     surgery.apply(reference, INIT, seed=3)
     model = fsdp2(net())
@@ -95,7 +76,7 @@ def test_fsdp2_seeded_init_equals_the_unsharded_draw_and_remove_restores(group: 
 
 
 @pytest.mark.parametrize("forward_first", [False, True])
-def test_fsdp2_gradient_hooks_act_on_the_gradient_autograd_uses(group: None, forward_first: bool) -> None:
+def test_fsdp2_gradient_hooks_act_on_the_gradient_autograd_uses(gloo_group: None, forward_first: bool) -> None:
     plain = net()
     plain(x_in()).sum().backward()
     model = fsdp2(net())
@@ -120,7 +101,7 @@ def test_fsdp2_gradient_hooks_act_on_the_gradient_autograd_uses(group: None, for
     assert torch.equal(model[0].weight.grad.full_tensor(), plain[0].weight.grad)  # type: ignore[union-attr]
 
 
-def test_fsdp2_replace_forward_linear_reads_the_whole_weight(group: None) -> None:
+def test_fsdp2_replace_forward_linear_reads_the_whole_weight(gloo_group: None) -> None:
     model = fsdp2(net())
     with torch.no_grad():
         want = net()(x_in())
@@ -143,19 +124,23 @@ def test_fsdp2_replace_forward_linear_reads_the_whole_weight(group: None) -> Non
         ),
     ],
 )
-def test_fsdp1_per_parameter_kinds_are_refused_at_plan_time(group: None, action: dict, where: str, what: str) -> None:
+def test_fsdp1_per_parameter_kinds_are_refused_at_plan_time(
+    gloo_group: None, action: dict, where: str, what: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         surgery.plan(fsdp1(use_orig_params=True), {"a": action})
     assert str(caught.value) == f"{where}: {what}{FSDP1_REFUSAL}"
 
 
-def test_fsdp1_module_hooks_are_not_refused(group: None) -> None:
+def test_fsdp1_module_hooks_are_not_refused(gloo_group: None) -> None:
     plan = surgery.plan(fsdp1(use_orig_params=True), {"h": {"kind": "capture", "select": "0"}})
     assert plan.to_dict()[0]["matched"] == ["0"]
 
 
 @pytest.mark.parametrize(("use_orig_params", "hint"), [(True, ""), (False, FLAT_HINT)])
-def test_fsdp1_flat_parameters_are_named_in_the_no_match_error(group: None, use_orig_params: bool, hint: str) -> None:
+def test_fsdp1_flat_parameters_are_named_in_the_no_match_error(
+    gloo_group: None, use_orig_params: bool, hint: str
+) -> None:
     with pytest.raises(NoMatchError) as caught:
         surgery.plan(fsdp1(use_orig_params), {"c": {"kind": "capture_grad", "select": "0", "param": "nope"}})
     closest = " Closest parameter names: bias, weight." if use_orig_params else ""
@@ -174,7 +159,7 @@ DDP_ACTIONS = {
 }
 
 
-def test_ddp_changes_to_the_parameter_set_warn_at_plan_time(group: None) -> None:
+def test_ddp_changes_to_the_parameter_set_warn_at_plan_time(gloo_group: None) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     assert surgery.plan(net(), DDP_ACTIONS).warnings == []
