@@ -18,6 +18,7 @@ from torch import nn
 import surgery
 from surgery.core.records import RecordChangedWarning
 from surgery.errors import ActionError
+from tests.test_capture_calls import Twice
 
 
 class Root(nn.Module):
@@ -32,16 +33,6 @@ class Root(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.lin(x)
         return h.mul_(2.0) if self.inplace else h
-
-
-class Twice(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = nn.Linear(3, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(torch.tanh(self.lin(x)))
 
 
 class Pair(nn.Module):

@@ -12,18 +12,7 @@ from torch import nn
 
 import surgery
 from surgery.errors import ActionError, ConfigError
-
-
-class Twice(nn.Module):
-    """The same Linear called twice: ``lin(tanh(lin(x)))``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = nn.Linear(3, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(torch.tanh(self.lin(x)))
+from tests.test_capture_calls import Twice
 
 
 class Chain(nn.Module):

@@ -12,31 +12,7 @@ from torch import nn
 
 import surgery
 from surgery.errors import ActionError, ConfigError
-
-
-class Block(nn.Module):
-    """A residual block over [B, T, D]."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
-
-
-class Stream(nn.Module):
-    """Three residual blocks and a readout."""
-
-    def __init__(self, dim: int = 6) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(3))
-        self.out = nn.Linear(dim, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.out(x)
+from tests.test_sources import Block, Stream
 
 
 class Alternate(nn.Module):
