@@ -402,9 +402,3 @@ def test_an_output_index_is_checked_on_the_whole_output_and_records_that_part() 
     with torch.no_grad():
         assert torch.equal(got, model.lin(x)[:, -1])
 
-
-def test_an_index_on_a_tuple_output_without_item_is_refused_by_the_probe() -> None:
-    # the probe checks the whole output (no item), as the hook will cut it; today the refusal is a bare TypeError
-    # from the probe (reported: it should be a ConfigError naming actions.c.item)
-    with pytest.raises(Exception, match="a tuple is indexed by position, got item None"):
-        surgery.plan(PairRoot(), cap("pair", index="[:, -1]"), example_inputs=(x_of(),))

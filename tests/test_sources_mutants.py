@@ -315,19 +315,6 @@ def test_three_calls_read_calls_0_1_2_and_a_new_freeze_counts_from_0() -> None:
     assert torch.equal(second, adding(m, [m.block], b, main))
 
 
-def test_calls_past_the_source_pass_read_its_last_call() -> None:
-    m, a, b = model(), torch.randn(2, 5, 6), torch.randn(2, 5, 6)
-    actions = {"c": {"kind": "capture", "select": "blocks.1"},
-               "p": {"kind": "modify_output", "select": "blocks.1", "op": "add", "from": {"capture": "c"}}}  # fmt: skip
-    with surgery.apply(m, actions) as s:
-        with s.source_pass():
-            m(a)
-        m(b)
-        again = m(b)  # the module's second call in the main pass: past the one frozen call
-    src = outputs(m, [m.blocks[1]], a)[0]
-    assert torch.equal(again, adding(m, [m.blocks[1]], b, [src]))
-
-
 def test_a_keep_last_capture_serves_its_one_call_to_every_call() -> None:
     m, a, b = Thrice(), torch.randn(2, 5, 6), torch.randn(2, 5, 6)
     actions = {"c": {"kind": "capture", "select": "block", "keep": "last"},

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import hook_failed, hook_on
+from surgery.actions.base import KeyedError, hook_failed, hook_on
 from surgery.core.ledger import Ledger
 from surgery.core.records import Call, Record, detached, stamps_of, version_of
 from surgery.core.select import Target
-from surgery.core.structure import get_item
+from surgery.core.structure import get_item, map_tensors
 
 
 class StopForward(Exception):  # noqa: N818 - not an error: the way a forward ends early (baukit's name)
@@ -57,11 +57,18 @@ def output_hook(record: Record, detach: bool, last: bool) -> Callable[..., None]
     return keep_all
 
 
+def not_a_tensor_to_cut(what: str, value: Any) -> str:
+    """Why ``index`` cannot cut the whole ``what`` (``value``, not a tensor), and the key that would work."""
+    return f"the {what} is a {type(value).__name__}, and index cuts a tensor; pick one with item (e.g. item: 0)"
+
+
 def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool) -> Any:
     """What a record keeps of an input/output: ``item``, then ``index`` (a copy: the rest is not held)."""
     if item is not None:
         value = get_item(value, item)
     if index is not None:
+        if item is None and not isinstance(value, torch.Tensor):
+            raise KeyedError("index", not_a_tensor_to_cut("output", value))
         value = value[index]
     if clone or index is not None:
         return _copied(value, detach)
@@ -69,13 +76,8 @@ def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool)
 
 
 def _copied(value: Any, detach: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone() if detach else value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copied(v, detach) for v in value) if type(value) in (tuple, list) else value
-    if isinstance(value, dict):
-        return {k: _copied(v, detach) for k, v in value.items()}
-    return value
+    """A copy of every tensor in ``value`` (detached too with ``detach``), containers of the same types."""
+    return map_tensors(value, (lambda t: t.detach().clone()) if detach else torch.Tensor.clone)
 
 
 def register_calls(ledger: Ledger, record: Record, cfg: Any, target: Target, index: tuple | None) -> None:

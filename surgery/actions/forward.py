@@ -224,7 +224,7 @@ def _make_op(cfg: Any, targets: list[Target], ctx: BindContext, var: str) -> Cal
     """The op of a modify kind, its sources checked against the steps before it."""
     if cfg.function is not None and isinstance(cfg.from_, dict) and "capture" in cfg.from_:
         raise ConfigError(f"{ctx.where}.from: a capture source is read on module calls, not with function:")
-    return make_op(cfg, ctx.where, ctx.seed, ctx.name, var, ctx.safe, SourceContext(ctx.earlier, targets))
+    return make_op(cfg, ctx.where, ctx.seed, ctx.name, var, ctx.safe, SourceContext(ctx.earlier, targets, ctx.root))
 
 
 @KINDS.register()
@@ -246,6 +246,7 @@ class ModifyOutput(Kind):
             return inside_step(self, cfg, targets, ctx, modify_on(build, item))
 
         def apply(ledger: Ledger) -> None:
+            ledger.action = action  # a capture source's hook on the model, registered by build, is this action's
             op = build(ledger)
             for target in ledger.each(action, targets, lambda t: t.name):
                 name = target.name
@@ -312,6 +313,7 @@ class ModifyInput(Kind):
         action = ctx.name
 
         def apply(ledger: Ledger) -> None:
+            ledger.action = action  # a capture source's hook on the model, registered by build, is this action's
             op = build(ledger)
             for target in ledger.each(action, targets, lambda t: t.name):
                 hook = _input_hook(op, action, target.name, item, positions.get(id(target.module)))

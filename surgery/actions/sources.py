@@ -9,8 +9,9 @@ call gets a new tensor, so in-place model code cannot change what the next call 
 same module. In one pass that is its latest call (the capture's hook runs first on the same call).
 Inside ``Surgery.source_pass()`` such an op changes nothing; after it (or after
 ``Surgery.freeze_sources()``) it reads the frozen call with the same number: the k-th call of a
-module in the main pass reads the k-th call of the source pass (a ``keep: last`` capture's one
-call serves every call; calls past the last frozen one read the last).
+module in each forward of the model reads the k-th call of the source pass (a ``keep: last``
+capture's one call serves every call; calls past the last frozen one read the last). A forward
+pre-hook on the model (one per such action) starts the count of each forward.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class SourceContext:
 
     earlier: list[Any]
     targets: list[Target]
+    root: Any  # the model: each of its forwards counts a module's calls from 0 again
 
 
 COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -195,17 +197,15 @@ def _capture_reader(
     item = cfg.item if isinstance(getattr(cfg, "item", None), (int, str)) else 0
 
     def read(ledger: Any) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-        counts: dict[int, list[Any]] = {}  # id(module) -> [the frozen list counted against, calls read]
+        counts: dict[int, int] = {}  # id(module) -> its calls read in this forward of the model
+        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear(), prepend=True)
 
         def source_for(t: torch.Tensor, m: Any) -> torch.Tensor:
             record = ledger.captures[name][names[id(m)]]
             frozen = record.sources
             if frozen is not None:
-                seen = counts.setdefault(id(m), [frozen, 0])
-                if seen[0] is not frozen:  # a new source pass: count from 0 again
-                    seen[:] = [frozen, 0]
-                k = seen[1]
-                seen[1] = k + 1
+                k = counts.get(id(m), 0)
+                counts[id(m)] = k + 1
                 if not frozen:
                     raise KeyedError(
                         "from", f"capture {name!r} recorded no call of {names[id(m)]!r} in the source pass"

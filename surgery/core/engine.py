@@ -70,26 +70,36 @@ class Surgery:
     @contextmanager
     def source_pass(self) -> Iterator[None]:
         """Run a source pass inside: captures record it, actions reading ``from: {capture}`` change nothing,
-        and on exit ``freeze_sources()`` makes what was recorded their source for the calls after.
+        and on exit the calls recorded inside (only those) become their source for the calls after.
+
+        Calls recorded before the pass stay in ``captures``; a pass that raises changes no record.
 
         >>> with surgery.apply(model, actions) as s:
         ...     with s.source_pass():
         ...         model(clean)
         ...     patched = model(corrupted)
         """
+        records = [r for records in self._ledger.captures.values() for r in records.values()]
+        before = [r.set_aside() for r in records]  # the calls recorded before stay in calls, and are not sources
         self._ledger.sourcing = True
         try:
             yield
+        except BaseException:  # a failed source pass leaves every record as it was before it
+            for record, kept in zip(records, before):
+                record.calls[:] = kept
+            raise
         finally:
             self._ledger.sourcing = False
-        self.freeze_sources()
+        for record, kept in zip(records, before):
+            record.freeze(kept)
 
     def freeze_sources(self) -> None:
-        """End a source pass: what each capture recorded so far becomes what ``from: {capture: ACTION}`` reads.
+        """Every call each capture holds now becomes what ``from: {capture: ACTION}`` reads.
 
-        Captures then record afresh; in the main pass the k-th call of a module reads the k-th frozen call
-        of the same module (a ``keep: last`` capture's one call serves every call). Call it again after
-        another source pass. The frozen calls stay readable as ``Record.sources``.
+        Captures then record afresh; in each forward of the model the k-th call of a module reads the
+        k-th frozen call of the same module (a ``keep: last`` capture's one call serves every call).
+        ``source_pass()`` does this for the calls made inside it only. The frozen calls stay readable
+        as ``Record.sources``.
         """
         for records in self._ledger.captures.values():
             for record in records.values():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from surgery.actions.base import ShapeCheck, Step
+from surgery.actions.capture_hooks import not_a_tensor_to_cut
 from surgery.actions.functions import check_called, probe_function
 from surgery.actions.sources import fits
 from surgery.core.select import Target
@@ -102,6 +103,11 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
 
 def _item(target: Target, check: ShapeCheck, value: Any) -> Any:
     """``check.item`` of ``value``, or a ConfigError naming the action's ``item`` when it does not fit."""
+    if check.item is None:  # the whole input/output: index needs it to be a tensor
+        if check.index is not None and not isinstance(value, torch.Tensor):
+            cut = not_a_tensor_to_cut(f"{check.what} of {target.name!r} on this input", value)
+            raise ConfigError(f"{check.where}.index: {cut}")
+        return value
     try:
         return get_item(value, check.item)
     except (IndexError, KeyError, TypeError) as e:

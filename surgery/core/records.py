@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from surgery.core.structure import map_tensors
 from surgery.errors import SurgeryError
 
 
@@ -170,10 +171,16 @@ class Record:
         self._warn_changed()
         return self._calls
 
-    def freeze(self) -> None:
-        """Keep the calls recorded so far as this record's sources and start recording afresh."""
+    def freeze(self, kept: list[Call] | None = None) -> None:
+        """Keep the calls recorded so far as this record's sources; ``calls`` then holds ``kept`` (or nothing)."""
         self.sources = list(self.calls)
+        self._calls[:] = kept or []
+
+    def set_aside(self) -> list[Call]:
+        """Take the calls recorded so far out of ``calls`` (a source pass records into an empty list)."""
+        taken = list(self.calls)
         self._calls.clear()
+        return taken
 
     def _warn_changed(self) -> None:
         """Warn (once per call) when a tensor recorded without a copy was written in place afterwards."""
@@ -254,16 +261,8 @@ def _stamped(pair: tuple[Any, int | None]) -> Call:
 
 
 def detached(value: Any) -> Any:
-    """Detach tensors inside tuples/lists/dicts so records hold no autograd graph."""
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, tuple):
-        return tuple(detached(v) for v in value)
-    if isinstance(value, list):
-        return [detached(v) for v in value]
-    if isinstance(value, dict):
-        return {k: detached(v) for k, v in value.items()}
-    return value
+    """Detach tensors inside tuples/lists/dicts (of the same types) so records hold no autograd graph."""
+    return value.detach() if isinstance(value, torch.Tensor) else map_tensors(value, torch.Tensor.detach)
 
 
 def flatten_captures(captures: dict[str, dict[str, Record]]) -> dict[str, torch.Tensor]:

@@ -51,6 +51,30 @@ def replace_item(value: Any, item: Any, new: Any) -> Any:
     raise TypeError(f"cannot replace item {item!r} in a {type(value).__name__}")
 
 
+def map_tensors(value: Any, fn: Any) -> Any:
+    """``value`` with ``fn`` applied to each tensor inside; tuples (named ones and structseqs too), lists and
+    dicts (``ModelOutput`` too) are rebuilt as the same type, so ``.values`` or ``.logits`` still read."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        items = [map_tensors(v, fn) for v in value]
+        if hasattr(value, "_fields"):  # a namedtuple
+            return type(value)(*items)
+        if hasattr(type(value), "n_sequence_fields"):  # a structseq: torch.max(x, dim), sort, topk, ...
+            return type(value)(items)
+        return tuple(items)
+    if isinstance(value, list):
+        return [map_tensors(v, fn) for v in value]
+    if isinstance(value, dict):
+        if type(value) is dict:
+            return {k: map_tensors(v, fn) for k, v in value.items()}
+        out = copy.copy(value)
+        for k, v in value.items():
+            out[k] = map_tensors(v, fn)
+        return out
+    return value
+
+
 def _key(mapping: Mapping, item: Any) -> Any:
     if item in mapping:
         return item
