@@ -419,7 +419,7 @@ def test_select_params_own_tensors_in_registration_order() -> None:
     module.W2 = nn.Parameter(torch.zeros(1))
     module.b = nn.Parameter(torch.zeros(1))
     module.W = nn.Parameter(torch.ones(1))
-    module.child = nn.Linear(2, 2)
+    module.child = nn.BatchNorm1d(2)  # its own weight, bias and running_* must never show up
     module.register_buffer("running_mean", torch.zeros(1))
     module.register_buffer("running_var", torch.ones(1))
     module.register_buffer("count", torch.zeros(1))
@@ -433,6 +433,8 @@ def test_select_params_own_tensors_in_registration_order() -> None:
     assert pick("[bW]") == ["b", "W"]
     assert pick("weight") == []
     assert pick("running_*", "buffers") == ["running_mean", "running_var"]
+    assert pick("**") == ["W2", "b", "W"]  # ** matches dotted names, yet the child's tensors stay out
+    assert pick("**", "buffers") == ["running_mean", "running_var", "count"]
     assert select_params(target, "W", "w")[0][1] is module.W
 
 
@@ -507,6 +509,12 @@ SUGGEST_FROM = [
         # nothing similar and no prefix: the first n names
         ("**.attn", 5, ["<root>", "encoder", "encoder.layer.0", "encoder.layer.0.attn", "encoder.layer.1"]),
         ("zzz", 3, ["<root>", "encoder", "encoder.layer.0"]),
+        # dots left at either end or doubled by a dropped wildcard would push the ratio below 0.5
+        ("proj.", 5, ["decoder.proj"]),
+        (".*.proj", 5, ["decoder.proj"]),
+        (".head.*.decoder", 5, ["decoder", "encoder", "decoder.proj", "head"]),
+        # only dots are stripped from the literal's ends ('proj.X' is not similar enough to anything)
+        ("proj.X", 5, ["<root>", "encoder", "encoder.layer.0", "encoder.layer.0.attn", "encoder.layer.1"]),
     ],
 )
 def test_closest_names_ranking(wanted: str, n: int, expected: list[str]) -> None:

@@ -46,7 +46,7 @@ class Target(NamedTuple):
     module: nn.Module
 
 
-def canonical_name(real_name: str, root_is_ddp: bool = False) -> str:
+def canonical_name(real_name: str, root_is_ddp: bool) -> str:
     """Drop wrapper segments so a bare, compiled, DDP or FSDP model share one name."""
     name = real_name
     if "_orig_mod" in name or "_wrapped_module" in name:  # cheap test first: 100k names
