@@ -11,7 +11,7 @@ from torch import nn
 
 import surgery
 from surgery.core.records import RecordChangedWarning
-from surgery.errors import ConfigError
+from surgery.errors import ActionError, ConfigError
 from tests.conftest import Snapshot
 
 
@@ -181,3 +181,44 @@ def test_capture_fn_records_what_fn_returns_and_refuses_what_it_cannot_combine_w
         surgery.plan(model, {"c": {"kind": "capture", "select": "0", "fn": doubled, "what": ["input"]}})
     with pytest.raises(ConfigError, match=r"^actions.c.fn: .*safe"):
         surgery.plan(model, {"c": {"kind": "capture", "select": "0", "fn": doubled}}, safe=True)
+
+
+class Masked(nn.Module):
+    """forward(x, mask=None, *, scale=1.0): x * scale, masked."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, scale: float = 1.0) -> torch.Tensor:
+        return x * scale if mask is None else x * scale * mask
+
+
+class CallsMasked(nn.Module):
+    def __init__(self, by_keyword: bool) -> None:
+        super().__init__()
+        self.inner, self.by_keyword = Masked(), by_keyword
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (x > 0).float()
+        return self.inner(x, mask=mask) if self.by_keyword else self.inner(x, mask)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_item_names_an_input_by_keyword_or_by_its_place_in_forward(by_keyword: bool) -> None:
+    m, x = CallsMasked(by_keyword), torch.randn(3, 4)
+    actions = {"c": {"kind": "capture", "select": "inner", "what": ["input"], "item": "mask", "index": "[0]"}}
+    with surgery.apply(m, actions) as s:
+        m(x)
+        got = s.captures["c"]["inner"].input
+    assert torch.equal(got, (x > 0).float()[0])  # the mask, not x, however it was passed
+
+
+def test_an_item_naming_no_input_is_refused_and_one_not_passed_is_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        surgery.plan(CallsMasked(False), {"c": {"kind": "capture", "select": "inner", "what": ["input"], "item": "x2"}})
+    assert str(info.value) == "actions.c.item: Masked.forward of 'inner' has no input 'x2'; its inputs: x, mask, scale"
+    m = CallsMasked(False)
+    with surgery.apply(m, {"c": {"kind": "capture", "select": "inner", "what": ["input"], "item": "scale"}}):
+        with pytest.raises(ActionError) as raised:
+            m(torch.randn(3, 4))
+    assert str(raised.value) == (
+        "actions.c.item on module 'inner': input 'scale' was not passed; the module got 2 positional input(s) and"
+        " keywords []"
+    )

@@ -230,6 +230,24 @@ def test_a_capture_source_item_that_is_not_a_tensor_is_named() -> None:
     assert str(info.value) == "actions.a.from on module 'inner': capture 'c' recorded a NoneType here, not a tensor"
 
 
+class Scaled(nn.Module):
+    """forward(x, k) -> x * k, called with an int k."""
+
+    def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * k
+
+
+def test_a_capture_source_item_names_the_type_it_recorded() -> None:
+    m = nn.Sequential()
+    m.inner = Scaled()
+    actions = {"c": {"kind": "capture", "select": "inner", "what": ["input"]},
+               "a": {"kind": "modify_output", "select": "inner", "op": "add", "item": 1,
+                     "from": {"capture": "c", "what": "input"}}}  # fmt: skip
+    with surgery.apply(m, actions), pytest.raises(ActionError) as info:
+        m.inner(torch.randn(2, 3), 2)
+    assert str(info.value) == "actions.a.from on module 'inner': capture 'c' recorded a int here, not a tensor"
+
+
 def test_reading_before_any_call_or_after_an_empty_source_pass_says_so() -> None:
     m, x = model(), torch.randn(2, 5, 6)
     actions = {"c": {"kind": "capture", "select": "out", "what": ["input"]},

@@ -8,6 +8,7 @@ touching nothing) and returns the function that performs it (``apply``, given th
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -267,3 +268,36 @@ def hook_failed(action: str, name: str, error: Exception, on: str = "module") ->
     if isinstance(error, SurgeryError):
         return ActionError(f"actions.{action} on {on} {name!r}: {text}")
     return ActionError(f"actions.{action} on {on} {name!r}: {type(error).__name__}: {text}")
+
+
+def input_position(target: Target, name: str, where: str) -> int | None:
+    """Where input ``name`` sits among the positional inputs of ``forward`` (None: keyword only).
+
+    A name ``forward`` does not take (and no ``**kwargs`` to take it) is a ConfigError.
+    """
+    try:
+        params = list(inspect.signature(target.module.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: trust the config
+        return None
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if name not in names and not any(p.kind == p.VAR_KEYWORD for p in params):
+        raise ConfigError(
+            f"{where}.item: {type(target.module).__name__}.forward of {target.name!r} has no input {name!r};"
+            f" its inputs: {', '.join(names) or 'none'}"
+        )
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return positional.index(name) if name in positional else None
+
+
+def input_at(args: tuple[Any, ...], kwargs: dict[str, Any], item: int | str, position: int | None) -> tuple[Any, Any]:
+    """Where input ``item`` came in: ``(kwargs, item)`` by keyword, else ``(args, i)`` (``position`` for a name).
+
+    An input that was not passed is a KeyedError on ``item`` saying what the module got.
+    """
+    if isinstance(item, str) and item in kwargs:
+        return kwargs, item
+    at = item if isinstance(item, int) else position
+    if at is None or not 0 <= at < len(args):
+        got = f"{len(args)} positional input(s) and keywords {sorted(kwargs)}"
+        raise KeyedError("item", f"input {item!r} was not passed; the module got {got}")
+    return args, at

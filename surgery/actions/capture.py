@@ -8,7 +8,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import FORWARD_HOOK, KINDS, BindContext, Kind, ShapeCheck, Step, hook_failed, hook_on
+from surgery.actions.base import (
+    FORWARD_HOOK,
+    KINDS,
+    BindContext,
+    Kind,
+    ShapeCheck,
+    Step,
+    hook_failed,
+    hook_on,
+    input_position,
+)
 from surgery.actions.capture_hooks import item_of, output_hook, register_calls, stop_at_root, stop_hook
 from surgery.actions.functions import capture_on, inside_step
 from surgery.core.callables import resolve_callable
@@ -44,6 +54,8 @@ class Capture(Kind):
         index = compile_index(cfg.index, f"{ctx.where}.index") if cfg.index is not None else None
         if cfg.stop and targets and targets[-1].module is ctx.root:
             raise ConfigError(f"{ctx.where}.stop: stop ends the root's forward early; select a module inside it")
+        named = want_input and isinstance(cfg.item, str)  # a named input: where forward takes it by position
+        positions = {id(t.module): input_position(t, cfg.item, ctx.where) for t in targets} if named else {}
         checks = [(t, ShapeCheck(ctx.where, w, item_of(cfg, w), index, cfg.index, None, "")) for t in targets
                   for w in cfg.what if cfg.item is not None or index is not None]  # fmt: skip
 
@@ -65,7 +77,7 @@ class Capture(Kind):
                     hook = output_hook(record, cfg.detach, cfg.keep == "last")  # as cheap as a hand-written hook
                     hook_on(ledger, target.module.register_forward_hook, hook, cfg)
                 else:
-                    register_calls(ledger, record, cfg, target, index)
+                    register_calls(ledger, record, cfg, target, index, positions.get(id(target.module)))
                 if cfg.stop and target is targets[-1]:
                     hook_on(ledger, target.module.register_forward_hook, stop_hook, cfg)
             if cfg.stop:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import KeyedError, hook_failed, hook_on
+from surgery.actions.base import KeyedError, hook_failed, hook_on, input_at
 from surgery.core.ledger import Ledger
 from surgery.core.records import Call, Record, detached, stamps_of, version_of
 from surgery.core.select import Target
@@ -67,8 +67,6 @@ def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool)
     if item is not None:
         value = get_item(value, item)
     if index is not None:
-        if item is None and not isinstance(value, torch.Tensor):
-            raise KeyedError("index", not_a_tensor_to_cut("output", value))
         value = value[index]
     if clone or index is not None:
         return _copied(value, detach)
@@ -80,7 +78,9 @@ def _copied(value: Any, detach: bool) -> Any:
     return map_tensors(value, (lambda t: t.detach().clone()) if detach else torch.Tensor.clone)
 
 
-def register_calls(ledger: Ledger, record: Record, cfg: Any, target: Target, index: tuple | None) -> None:
+def register_calls(
+    ledger: Ledger, record: Record, cfg: Any, target: Target, index: tuple | None, position: int | None
+) -> None:
     """Hooks recording whole calls: inputs (and keyword inputs), output, each cut to ``item``/``index``.
 
     With ``always`` a pre-hook records the inputs before the forward runs, so a forward that raises still
@@ -98,11 +98,9 @@ def register_calls(ledger: Ledger, record: Record, cfg: Any, target: Target, ind
             calls.append(call)
 
     def inputs(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if isinstance(in_item, str):  # a keyword input by name, or positional when not passed by keyword
-            value = kwargs[in_item] if in_item in kwargs else args
-            call.input = _part(value, None if in_item in kwargs else 0, index, detach, clone)
-        elif in_item is not None:
-            call.input = _part(args, in_item, index, detach, clone)
+        if in_item is not None:  # a position, or a name: by keyword, else at its place in forward's signature
+            came, at = input_at(args, kwargs, in_item, position)
+            call.input = _part(came, at, index, detach, clone)
         else:
             call.input = _part(args, None, None, detach, clone)
             call.kwargs = _part(kwargs, None, None, detach, clone) if kwargs else None
@@ -110,6 +108,8 @@ def register_calls(ledger: Ledger, record: Record, cfg: Any, target: Target, ind
             call.stamps = (call.stamps or ()) + stamps_of(call.input) + stamps_of(call.kwargs or {})
 
     def outputs(call: Call, output: Any) -> None:
+        if index is not None and out_item is None and not isinstance(output, torch.Tensor):
+            raise KeyedError("index", not_a_tensor_to_cut("output", output))
         call.output = _part(output, out_item, index, detach, clone)
         if not (clone or index is not None):
             call.stamps = (call.stamps or ()) + stamps_of(call.output)

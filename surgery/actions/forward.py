@@ -23,6 +23,8 @@ from surgery.actions.base import (
     check_module_reads,
     hook_failed,
     hook_on,
+    input_at,
+    input_position,
     tensor_named,
 )
 from surgery.actions.functions import inside_step, modify_on, replace_on
@@ -265,25 +267,6 @@ class ModifyOutput(Kind):
         return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, shape_checks=checks)
 
 
-def input_position(target: Target, name: str, where: str) -> int | None:
-    """Where input ``name`` sits among the positional inputs of ``forward`` (None: keyword only).
-
-    A name ``forward`` does not take (and no ``**kwargs`` to take it) is a ConfigError.
-    """
-    try:
-        params = list(inspect.signature(target.module.forward).parameters.values())
-    except (TypeError, ValueError):  # no signature to read: trust the config
-        return None
-    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if name not in names and not any(p.kind == p.VAR_KEYWORD for p in params):
-        raise ConfigError(
-            f"{where}.item: {type(target.module).__name__}.forward of {target.name!r} has no input {name!r};"
-            f" its inputs: {', '.join(names) or 'none'}"
-        )
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return positional.index(name) if name in positional else None
-
-
 @KINDS.register()
 class ModifyInput(Kind):
     """An op on input ``item`` before forward sees it: a position, or a keyword argument's name."""
@@ -343,12 +326,9 @@ def _input_hook(op: Callable, action: str, name: str, item: int | str, position:
 
     def pre_hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         try:
-            if isinstance(item, str) and item in kwargs:
+            came, at = input_at(args, kwargs, item, position)
+            if came is kwargs:
                 return args, {**kwargs, item: op(kwargs[item], m)}
-            at = item if isinstance(item, int) else position
-            if at is None or not 0 <= at < len(args):
-                got = f"{len(args)} positional input(s) and keywords {sorted(kwargs)}"
-                raise KeyedError("item", f"input {item!r} was not passed; the module got {got}")
             return replace_item(args, at, op(args[at], m)), kwargs
         except Exception as e:
             raise hook_failed(action, name, e) from e

@@ -198,7 +198,7 @@ def _capture_reader(
 
     def read(ledger: Any) -> Callable[[torch.Tensor, Any], torch.Tensor]:
         counts: dict[int, int] = {}  # id(module) -> its calls read in this forward of the model
-        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear(), prepend=True)
+        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear())
 
         def source_for(t: torch.Tensor, m: Any) -> torch.Tensor:
             record = ledger.captures[name][names[id(m)]]
@@ -210,7 +210,7 @@ def _capture_reader(
                     raise KeyedError(
                         "from", f"capture {name!r} recorded no call of {names[id(m)]!r} in the source pass"
                     )
-                call = frozen[-1] if config.keep == "last" else frozen[min(k, len(frozen) - 1)]
+                call = frozen[min(k, len(frozen) - 1)]  # keep: last froze one call, which serves every call
             else:
                 calls = record.calls
                 if not calls:
