@@ -359,7 +359,8 @@ def test_a_failing_whole_call_hook_names_the_action_and_module() -> None:
         with pytest.raises(ActionError) as e:
             model(x)
         assert str(e.value) == (
-            "actions.c.item on module 'lin': input 5 was not passed; the module got 1 positional input(s) and keywords []"
+            "actions.c.item on module 'lin': input 5 was not passed; the module got 1 positional input(s) and"
+            " keywords []"
         )
     assert s is not None
     model2 = PairRoot()

@@ -182,3 +182,24 @@ def test_a_torch_without_distributed_still_inits_a_plain_model(monkeypatch: pyte
     model = net()
     surgery.apply(model, INIT, seed=3)
     assert torch.equal(model[0].weight, reference[0].weight)
+
+
+class FullyShardedDataParallel(nn.Module):
+    """A wrapper named like torch's FSDP1 but without its ``_use_orig_params`` (as fairscale's FSDP)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+
+def test_fsdp1_by_name_a_foreign_wrapper_is_managed_and_gets_no_use_orig_params_hint() -> None:
+    from surgery.actions.sharded import fsdp1_flattened, fsdp1_hint
+
+    plain = nn.Sequential(nn.Linear(2, 2))
+    assert fsdp1_flattened(plain) == (set(), False)
+    wrapped = nn.Sequential(FullyShardedDataParallel(nn.Linear(2, 2)))
+    managed, flat_only = fsdp1_flattened(wrapped)
+    assert managed == {id(wrapped[0]), id(wrapped[0].inner)} and flat_only is False
+    assert fsdp1_hint(wrapped) == ""
+    with pytest.raises(ConfigError, match="cannot be honoured under FSDP1"):
+        surgery.plan(wrapped, {"z": {"kind": "init", "select": "0.inner", "param": "weight", "method": "zeros"}})
