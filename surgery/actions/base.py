@@ -127,12 +127,12 @@ def hook_on(ledger: Ledger, register: Callable[..., Any], hook: Callable, cfg: A
     ``calls`` wraps the hook so it acts only on the selected calls of this module (its own counter, reset by
     ``Surgery.reset_calls``); ``prepend`` is PyTorch's own ``prepend=True``. Every hook kind registers through here.
     """
-    wanted = parse_calls(getattr(cfg, "calls", None))
+    wanted = parse_calls(cfg.calls)  # every kind that hooks has calls and prepend (schema: Hooked)
     if wanted is not None:
         counter = CallCounter()
         ledger.counters.append(counter)
         hook = gated(hook, wanted, counter)
-    if getattr(cfg, "prepend", False):
+    if cfg.prepend:
         options["prepend"] = True
     return ledger.hook(register, hook, **options)
 
@@ -143,12 +143,12 @@ def full_name(target: Target, tensor_name: str) -> str:
 
 
 def tensors_of(
-    targets: list[Target], pattern: str, ctx: BindContext, kind: str = "parameters", allow_empty: bool = False
+    targets: list[Target], pattern: str, ctx: BindContext, allow_empty: bool
 ) -> list[tuple[Target, str, TensorSpec]]:
-    """(module, tensor name, spec) for each own tensor matching ``pattern``, added ones included.
+    """(module, parameter name, spec) for each own parameter matching ``pattern``, added ones included.
 
-    Modules with no matching tensor drop out; matching nothing anywhere is a NoMatchError
-    under ``strict`` that lists the tensor names the selected modules do have.
+    Modules with no matching parameter drop out; matching nothing anywhere is a NoMatchError
+    under ``strict`` that lists the parameter names the selected modules do have.
     """
     if "." in pattern:
         raise ConfigError(
@@ -159,16 +159,15 @@ def tensors_of(
     seen_names: list[str] = []
     matches = compile_globs([pattern], f"{ctx.where}.param")
     for target in targets:
-        own = {n: TensorSpec(tuple(t.shape), t.dtype, kind) for n, t in select_params(target, "*", ctx.where, kind)}
-        own.update({n: s for n, s in ctx.added.get(id(target.module), {}).items() if s.kind == kind})
+        own = {n: TensorSpec(tuple(t.shape), t.dtype, "parameters") for n, t in select_params(target, "*", ctx.where)}
+        own.update({n: s for n, s in ctx.added.get(id(target.module), {}).items() if s.kind == "parameters"})
         seen_names.extend(own)
         found.extend((target, n, spec) for n, spec in own.items() if matches(n))
     if not found and ctx.strict and not allow_empty:
-        what = "parameter" if kind == "parameters" else "buffer"
         names = sorted(set(seen_names))
-        hint = f" Closest {what} names: {', '.join(closest_names(pattern, names))}." if names else ""
+        hint = f" Closest parameter names: {', '.join(closest_names(pattern, names))}." if names else ""
         raise NoMatchError(
-            f"{ctx.where}.param: {pattern!r} matched no {what} of the {len(targets)} selected module(s).{hint}"
+            f"{ctx.where}.param: {pattern!r} matched no parameter of the {len(targets)} selected module(s).{hint}"
             f"{fsdp1_hint(ctx.root)} Set allow_empty: true if that is expected."
         )
     return found
