@@ -19,8 +19,13 @@ def sharded(gloo_group: None) -> nn.Module:
 
 def test_an_expression_reading_a_sharded_weight_is_refused(sharded: nn.Module) -> None:
     recipe = {"r": {"kind": "replace_forward", "select": "0", "expr": "x @ module.weight.T"}}
-    with pytest.raises(ConfigError, match=r"^actions.r.expr: module.weight of '0' is sharded by FSDP2"):
+    with pytest.raises(ConfigError) as info:
         surgery.plan(sharded, recipe)
+    assert str(info.value) == (
+        "actions.r.expr: module.weight of '0' is sharded by FSDP2 (a DTensor): an expression would compute with this"
+        " rank's shard only; apply the surgery before fully_shard, or use replace_forward fn: linear, which reads the"
+        " whole weight"
+    )
 
 
 def test_add_parameter_on_a_sharded_model_is_refused_a_buffer_is_not(sharded: nn.Module) -> None:
