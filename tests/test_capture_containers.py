@@ -14,6 +14,7 @@ import surgery
 from surgery.errors import ActionError, ConfigError
 
 Pair = namedtuple("Pair", ["low", "high"])
+X = torch.randn(2, 3)
 
 
 class Output(OrderedDict):
@@ -112,3 +113,13 @@ def test_an_index_on_a_whole_tuple_output_is_refused_naming_index_and_item() -> 
     with surgery.apply(m, {"c": {**actions["c"], "item": 0}}) as s:  # the suggestion, pasted
         m(x)
         assert torch.equal(s.captures["c"]["inner"].output, by_hand("tuple", x)[0][:, 0])
+
+
+def test_an_item_that_does_not_fit_the_output_is_refused_by_the_probe() -> None:
+    with pytest.raises(ConfigError) as info:
+        surgery.plan(Outer("tuple"), {"c": {"kind": "capture", "select": "inner", "item": 5}}, example_inputs=(X,))
+    assert (
+        str(info.value)
+        == "actions.c.item: 5 does not fit the output of 'inner' on this input: tuple index out of range"
+    )
+    surgery.plan(Outer("tuple"), {"c": {"kind": "capture", "select": "inner"}}, example_inputs=(X,))  # no item: whole
