@@ -93,6 +93,21 @@ def test_calls_past_the_last_frozen_call_read_the_last_within_a_forward() -> Non
 def test_the_count_of_each_forward_is_one_hook_on_the_model_counted_under_the_action() -> None:
     m = Thrice()
     with surgery.apply(m, ACTIONS) as s:
-        assert s.hook_count == {"c": 1, "p": 2}
-        assert len(m._forward_pre_hooks) == 1
-    assert not m._forward_pre_hooks
+        assert s.hook_count == {"c": 1, "p": 3}  # the op's hook, a counting pre-hook on block, one on the model
+        assert len(m._forward_pre_hooks) == 1 and len(m.block._forward_pre_hooks) == 1
+    assert not m._forward_pre_hooks and not m.block._forward_pre_hooks
+
+
+def test_calls_picks_which_calls_change_and_each_still_reads_the_frozen_call_with_its_number() -> None:
+    m, a, b = Thrice(), torch.randn(2, 5, 6), torch.randn(2, 5, 6)
+    actions = {**ACTIONS, "p": {**ACTIONS["p"], "calls": "1:"}}
+    with surgery.apply(m, actions) as s:
+        with s.source_pass():
+            m(a)
+        first = m(b)
+        s.reset_calls()  # calls: counts until reset_calls (the CLI resets before each batch)
+        got = [first, m(b)]
+    src = outputs(m, [m.block], a)[0]
+    zero = torch.zeros_like(src[0])
+    want = adding(m, [m.block], b, [[zero, src[1], src[2]]])  # call 0 untouched, calls 1 and 2 read 1 and 2
+    assert torch.equal(got[0], want) and torch.equal(got[1], want)

@@ -10,8 +10,9 @@ same module. In one pass that is its latest call (the capture's hook runs first 
 Inside ``Surgery.source_pass()`` such an op changes nothing; after it (or after
 ``Surgery.freeze_sources()``) it reads the frozen call with the same number: the k-th call of a
 module in each forward of the model reads the k-th call of the source pass (a ``keep: last``
-capture's one call serves every call; calls past the last frozen one read the last). A forward
-pre-hook on the model (one per such action) starts the count of each forward.
+capture's one call serves every call; calls past the last frozen one read the last). Such an
+action adds a forward pre-hook on the model, which starts the count of each forward, and one on
+each selected module, which counts every call (also those ``calls:`` leaves alone).
 """
 
 from __future__ import annotations
@@ -197,15 +198,20 @@ def _capture_reader(
     item = cfg.item if isinstance(getattr(cfg, "item", None), (int, str)) else 0
 
     def read(ledger: Any) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-        counts: dict[int, int] = {}  # id(module) -> its calls read in this forward of the model
-        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear())
+        counts: dict[int, int] = {}  # id(module) -> its calls so far in this forward of the model
+
+        def count(m: Any, args: Any) -> None:
+            counts[id(m)] = counts.get(id(m), 0) + 1
+
+        for target in ctx.targets:  # every call counts, also those that `calls:` leaves alone
+            ledger.hook(target.module.register_forward_pre_hook, count, prepend=True)
+        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear(), prepend=True)  # runs first
 
         def source_for(t: torch.Tensor, m: Any) -> torch.Tensor:
             record = ledger.captures[name][names[id(m)]]
             frozen = record.sources
             if frozen is not None:
-                k = counts.get(id(m), 0)
-                counts[id(m)] = k + 1
+                k = counts.get(id(m), 1) - 1  # this call's number (a submodule called directly: 0)
                 if not frozen:
                     raise KeyedError(
                         "from", f"capture {name!r} recorded no call of {names[id(m)]!r} in the source pass"

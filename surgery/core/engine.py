@@ -73,6 +73,7 @@ class Surgery:
         and on exit the calls recorded inside (only those) become their source for the calls after.
 
         Calls recorded before the pass stay in ``captures``; a pass that raises changes no record.
+        ``calls:`` counts from 0 inside the pass and again after it (``reset_calls()`` on entry and exit).
 
         >>> with surgery.apply(model, actions) as s:
         ...     with s.source_pass():
@@ -81,6 +82,7 @@ class Surgery:
         """
         records = [r for records in self._ledger.captures.values() for r in records.values()]
         before = [r.set_aside() for r in records]  # the calls recorded before stay in calls, and are not sources
+        self.reset_calls()  # calls: numbers the source pass's calls from 0, and the main pass's after it
         self._ledger.sourcing = True
         try:
             yield
@@ -90,6 +92,7 @@ class Surgery:
             raise
         finally:
             self._ledger.sourcing = False
+            self.reset_calls()
         for record, kept in zip(records, before):
             record.freeze(kept)
 
