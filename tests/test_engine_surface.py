@@ -314,3 +314,18 @@ def test_the_warning_after_a_compiled_run_gives_its_full_text_at_the_users_line(
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompiledModelWarning)
         s.remove()  # removing is seen by Dynamo's hook guards: no warning
+
+
+def test_an_apply_failure_ends_in_one_full_stop_whatever_the_error_ends_with() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    before = copy.deepcopy(model.state_dict())
+    plan = surgery.plan(model, {"z": {"kind": "init", "select": "0", "param": "weight", "method": "zeros"}})
+
+    def fails(ledger: object) -> None:
+        raise RuntimeError(".boomX.")  # a leading dot, an X before the last dot: only that last dot goes
+
+    plan.steps[0].apply = fails
+    with pytest.raises(ActionError) as info:
+        surgery.apply(model, plan)
+    assert str(info.value) == "actions.z: failed on '': RuntimeError: .boomX. Nothing was changed."
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
