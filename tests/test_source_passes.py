@@ -111,3 +111,11 @@ def test_calls_picks_which_calls_change_and_each_still_reads_the_frozen_call_wit
     zero = torch.zeros_like(src[0])
     want = adding(m, [m.block], b, [[zero, src[1], src[2]]])  # call 0 untouched, calls 1 and 2 read 1 and 2
     assert torch.equal(got[0], want) and torch.equal(got[1], want)
+
+
+def test_a_modify_input_reading_a_capture_counts_its_hooks_under_its_own_name() -> None:
+    actions = {"c": {"kind": "capture", "select": "block", "what": ["input"]},
+               "p": {"kind": "modify_input", "select": "block", "op": "add",
+                     "from": {"capture": "c", "what": "input"}}}  # fmt: skip
+    with surgery.apply(Thrice(), actions) as s:
+        assert s.hook_count == {"c": 1, "p": 3}  # p: its pre-hook, the count on block and the reset on the model
