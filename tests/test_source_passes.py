@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import surgery
+from surgery.errors import ConfigError
 from tests.test_sources_mutants import Thrice, adding, outputs
 
 ACTIONS = {"c": {"kind": "capture", "select": "block"},
@@ -119,3 +120,17 @@ def test_a_modify_input_reading_a_capture_counts_its_hooks_under_its_own_name() 
                      "from": {"capture": "c", "what": "input"}}}  # fmt: skip
     with surgery.apply(Thrice(), actions) as s:
         assert s.hook_count == {"c": 1, "p": 3}  # p: its pre-hook, the count on block and the reset on the model
+
+
+def test_a_modify_input_reading_a_capture_cannot_be_prepended() -> None:
+    actions = {"c": {"kind": "capture", "select": "block", "what": ["input"]},
+               "p": {"kind": "modify_input", "select": "block", "op": "add", "prepend": True,
+                     "from": {"capture": "c", "what": "input"}}}  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        surgery.plan(Thrice(), actions)
+    assert str(info.value) == (
+        "actions.p.prepend: a modify_input reading from: {capture} runs after the pre-hook that numbers each call,"
+        " so it cannot go first; drop prepend"
+    )
+    del actions["p"]["prepend"]
+    surgery.plan(Thrice(), actions)  # the suggestion, taken

@@ -288,6 +288,11 @@ class ModifyInput(Kind):
             raise ConfigError(f"{ctx.where}.item: an input is picked by position or argument name, got {item!r}")
         if isinstance(item, int) and item < 0:
             raise ConfigError(f"{ctx.where}.item: {item}: {_positions_text(targets[0]) if targets else ''}")
+        if cfg.prepend and isinstance(cfg.from_, dict) and "capture" in cfg.from_:
+            raise ConfigError(
+                f"{ctx.where}.prepend: a modify_input reading from: {{capture}} runs after the pre-hook that numbers"
+                " each call, so it cannot go first; drop prepend"
+            )
         build = _make_op(cfg, targets, ctx, "x")
         positions: dict[int, int | None] = {}
         if isinstance(item, str):

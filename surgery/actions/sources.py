@@ -203,15 +203,15 @@ def _capture_reader(
         def count(m: Any, args: Any) -> None:
             counts[id(m)] = counts.get(id(m), 0) + 1
 
-        for target in ctx.targets:  # every call counts, also those that `calls:` leaves alone
-            ledger.hook(target.module.register_forward_pre_hook, count, prepend=True)
-        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear(), prepend=True)  # runs first
+        for target in ctx.targets:  # every call counts, also those `calls:` leaves alone; before this op's hook
+            ledger.hook(target.module.register_forward_pre_hook, count)
+        ledger.hook(ctx.root.register_forward_pre_hook, lambda m, args: counts.clear())
 
         def source_for(t: torch.Tensor, m: Any) -> torch.Tensor:
             record = ledger.captures[name][names[id(m)]]
             frozen = record.sources
             if frozen is not None:
-                k = counts.get(id(m), 1) - 1  # this call's number (a submodule called directly: 0)
+                k = counts[id(m)] - 1  # this call's number in this forward
                 if not frozen:
                     raise KeyedError(
                         "from", f"capture {name!r} recorded no call of {names[id(m)]!r} in the source pass"
