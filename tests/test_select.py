@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from surgery.core.globs import ROOT, _cachedglob_regex, compile_globs, type_matcher
+from surgery.core.globs import ROOT, _cachedglob_regex, compile_globs, original_class, type_matcher
 from surgery.core.select import (
     ModuleIndex,
     Target,
@@ -559,3 +559,21 @@ def test_index_selection_equals_one_glob_test_per_target() -> None:
             and not (exclude and compile_globs(exclude, "w")(t.name))
         ]
         assert plain and index.select(select, types, exclude, "w") == plain
+
+
+FSDPModule = type("FSDPModule", (), {})  # stands in for torch.distributed.fsdp.FSDPModule (matched by name)
+
+
+@pytest.mark.parametrize(
+    ("cls", "original"),
+    [
+        (type("FSDPLinear", (FSDPModule, nn.Linear), {}), nn.Linear),  # what fully_shard makes of a Linear
+        (type("FSDPLinear", (nn.Linear, FSDPModule), {}), None),  # FSDPModule not first: not fully_shard's
+        (type("FSDPConv", (FSDPModule, nn.Linear), {}), None),  # the name does not follow the base
+        (type("Mixed", (nn.ReLU, nn.Linear), {}), None),  # two bases, nothing to do with FSDP
+        (type("FSDPLinear", (FSDPModule, nn.Linear, nn.ReLU), {}), None),  # three bases
+        (nn.Linear, None),
+    ],
+)
+def test_original_class_sees_through_fully_shards_renamed_class_only(cls: type, original: type | None) -> None:
+    assert original_class(cls) is (original or cls)
