@@ -39,11 +39,7 @@ def replace_item(value: Any, item: Any, new: Any) -> Any:
     if isinstance(value, tuple):
         items = list(value)
         items[item] = new
-        if hasattr(value, "_fields"):  # a namedtuple
-            return type(value)(*items)
-        if hasattr(type(value), "n_sequence_fields"):  # a structseq: torch.max(x, dim), sort, topk, ...
-            return type(value)(items)
-        return tuple(items)
+        return _tuple_like(value, items)
     if isinstance(value, list):
         out_list = list(value)
         out_list[item] = new
@@ -57,12 +53,7 @@ def map_tensors(value: Any, fn: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, tuple):
-        items = [map_tensors(v, fn) for v in value]
-        if hasattr(value, "_fields"):  # a namedtuple
-            return type(value)(*items)
-        if hasattr(type(value), "n_sequence_fields"):  # a structseq: torch.max(x, dim), sort, topk, ...
-            return type(value)(items)
-        return tuple(items)
+        return _tuple_like(value, [map_tensors(v, fn) for v in value])
     if isinstance(value, list):
         return [map_tensors(v, fn) for v in value]
     if isinstance(value, dict):
@@ -73,6 +64,17 @@ def map_tensors(value: Any, fn: Any) -> Any:
             out[k] = map_tensors(v, fn)
         return out
     return value
+
+
+def _tuple_like(value: tuple, items: list[Any]) -> tuple:
+    """``items`` as a tuple of ``value``'s type: a plain tuple, a namedtuple or a structseq."""
+    if type(value) is tuple:  # the common case (Hugging Face outputs): no attribute lookups
+        return tuple(items)
+    if hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*items)
+    if hasattr(type(value), "n_sequence_fields"):  # a structseq: torch.max(x, dim), sort, topk, ...
+        return type(value)(items)
+    return tuple(items)
 
 
 def _key(mapping: Mapping, item: Any) -> Any:
