@@ -52,6 +52,15 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     with ``"complete": false`` in report.json; at any other time, or a second one, it stops at once.
     Either way it prints one line on stderr and raises ``SystemExit`` (130 for SIGINT, 143 for SIGTERM).
     """
+    from surgery.app.build import settings_of
+    from surgery.core.limits import enforced
+    from surgery.core.schema import limits_of
+
+    with enforced(limits_of(settings_of(cfg))):  # safe=true: bounded memory, disk and counts (core/limits.py)
+        return _bounded_job(cfg, out_dir)
+
+
+def _bounded_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from surgery.dist.run import run_ranks, wanted
 
     if wanted(cfg):  # torchrun: this rank's job, written with the others' into one run directory (surgery/dist)

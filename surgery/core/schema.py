@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from surgery.core.limits import SAFE_DEFAULTS, UNBOUNDED, Limits
 from surgery.core.schema_actions import (  # re-exported: the action schemas live there
     FORWARD_FNS,
     GRAD_OPS,
@@ -67,6 +68,7 @@ __all__ = [  # the action schemas are re-exported so callers need one import
 
 MODES = ("run", "plan", "modules", "generate")
 LOSSES = ("sum", "mse", "cross_entropy", "kl_div")
+LIMIT_KEYS = ("memory_gb", "disk_gb", "count")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
@@ -89,6 +91,7 @@ class RunSettings:
     save_model: bool = False  # write the surgered state_dict as model.safetensors
     verbose: bool = False  # full tracebacks on errors; mode=plan|run also list every matched name
     distributed: Any = None  # under torchrun: {wrap: none | ddp | fsdp} (docs/distributed.md)
+    limits: Any = None  # {memory_gb, disk_gb, count}: what the run may cost; null values are safe mode's defaults
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)
@@ -102,11 +105,33 @@ class RunSettings:
             if extra:
                 raise FieldError(f"distributed.{extra[0]}", "unknown key; distributed has only wrap")
             one_of("distributed.wrap", wrap, ("none", "ddp", "fsdp"))
+        if self.limits is not None:
+            check_limits(self.limits)
         if self.device == "meta" and self.mode not in ("plan", "modules"):
             raise FieldError(  # meta tensors have shapes but no values: nothing can be run or compared
                 "device",
                 f"'meta' builds the model without weights, for mode=plan or mode=modules, not mode={self.mode}",
             )
+
+
+def check_limits(limits: Any) -> None:
+    """``limits`` is a mapping of memory_gb, disk_gb and count, each a positive number or null."""
+    if not isinstance(limits, dict):
+        raise FieldError("limits", "expected a mapping {memory_gb: N, disk_gb: N, count: N}")
+    for key, value in limits.items():
+        if key not in LIMIT_KEYS:
+            raise FieldError(
+                f"limits.{key}", f"unknown key.{did_you_mean(str(key), LIMIT_KEYS)} Keys here: {', '.join(LIMIT_KEYS)}."
+            )
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise FieldError(f"limits.{key}", f"{value!r} is not a positive number (or null for the default)")
+
+
+def limits_of(settings: RunSettings) -> Limits:
+    """The limits a run enforces: the ones set, and under ``safe`` the safe defaults for those left null."""
+    given = {k: v for k, v in (settings.limits or {}).items() if v is not None}
+    base = SAFE_DEFAULTS if settings.safe else UNBOUNDED
+    return dataclasses.replace(base, **given)
 
 
 # ---------------------------------------------------------------- validation
