@@ -25,11 +25,13 @@ class Limits:
     memory_gb: float | None = None  # tensors a config or file asks for (shapes, dims, parameters, decoded files)
     disk_gb: float | None = None  # everything the run writes into its directory
     count: int | None = None  # actions, calls: entries, batches, new tokens, sweep jobs one config may ask for
+    paths_inside: bool = False  # a path a data file names (image, arrow file, symlink) must stay in its directory
 
 
 UNBOUNDED = Limits()
-SAFE_DEFAULTS = Limits(memory_gb=8.0, disk_gb=8.0, count=10_000)
+SAFE_DEFAULTS = Limits(memory_gb=8.0, disk_gb=8.0, count=10_000, paths_inside=True)
 _ACTIVE: ContextVar[Limits] = ContextVar("surgery_limits", default=UNBOUNDED)
+_WRITTEN: ContextVar[list[float]] = ContextVar("surgery_written")  # bytes written inside the current enforced()
 
 
 def active() -> Limits:
@@ -40,10 +42,11 @@ def active() -> Limits:
 @contextlib.contextmanager
 def enforced(limits: Limits) -> Iterator[Limits]:
     """Enforce ``limits`` for everything run inside the block (this thread and tasks it starts)."""
-    token = _ACTIVE.set(limits)
+    token, written = _ACTIVE.set(limits), _WRITTEN.set([0.0])
     try:
         yield limits
     finally:
+        _WRITTEN.reset(written)
         _ACTIVE.reset(token)
 
 
@@ -67,6 +70,14 @@ def check_disk(nbytes: float, written: float, key: str) -> None:
             f"{key}: the run would write {total:.3g} GB, more than limits.disk_gb={bound:g};"
             f" if that is meant, raise it: limits.disk_gb={_above(total)}"
         )
+
+
+def charge_disk(nbytes: float, key: str) -> None:
+    """Count ``nbytes`` the run is about to write against ``limits.disk_gb`` (see :func:`check_disk`), before writing."""
+    written = _WRITTEN.get(None)
+    check_disk(nbytes, written[0] if written else 0.0, key)
+    if written is not None:
+        written[0] += nbytes
 
 
 def check_count(count: int, key: str, what: str) -> None:
