@@ -1,0 +1,133 @@
+"""A study's grid: named variables, their values, the cells, and ``{name}`` placeholders filled per cell.
+
+>>> grid = parse_grid({"layer": "0:3", "pos": [1, 4]})
+>>> cells(grid)[:2]
+[{'layer': 0, 'pos': 1}, {'layer': 0, 'pos': 4}]
+>>> fill({"patch": {"select": "transformer.h.{layer}", "index": "[:, {pos}]"}}, {"layer": 2, "pos": 4})
+{'patch': {'select': 'transformer.h.2', 'index': '[:, 4]'}}
+
+A string that is exactly one placeholder takes the variable's value with its type (``value: "{coef}"``
+becomes the number); elsewhere the value is written into the text. ``{{`` and ``}}`` are literal braces.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from surgery.errors import ConfigError
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+MAX_CELLS = 1_000_000  # a grid larger than this is a typo, not a study
+
+
+def parse_grid(grid: Mapping[str, Any], positions: int | None = None, where: str = "study.grid") -> dict[str, list]:
+    """Each variable's values: a list, a ``"start:stop[:step]"`` range, or ``"all"`` (every position)."""
+    if not isinstance(grid, Mapping) or not grid:
+        raise ConfigError(f'{where}: a mapping of named variables, e.g. {{layer: "0:3", pos: all}}; got {grid!r}')
+    parsed: dict[str, list] = {}
+    for name, values in grid.items():
+        at = f"{where}.{name}"
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigError(f"{at}: a variable name is letters, digits and _, not starting with a digit")
+        parsed[name] = _values(values, positions, at)
+    size = 1
+    for values in parsed.values():
+        size *= len(values)
+    if size > MAX_CELLS:
+        raise ConfigError(f"{where}: {size:,} cells are more than {MAX_CELLS:,}; narrow a range")
+    return parsed
+
+
+def _values(values: Any, positions: int | None, at: str) -> list:
+    if isinstance(values, str):
+        if values == "all":
+            if positions is None:
+                raise ConfigError(f"{at}: 'all' means every position of a text input; give a range such as '0:13'")
+            return list(range(positions))
+        parts = values.split(":")
+        if len(parts) in (2, 3) and all(re.fullmatch(r"-?\d+", p.strip()) for p in parts if p.strip()):
+            numbers = [int(p) if p.strip() else None for p in parts]
+            if numbers[0] is None or numbers[1] is None:
+                raise ConfigError(f"{at}: a range needs its start and stop, e.g. '0:13'; got {values!r}")
+            step = numbers[2] if len(numbers) == 3 and numbers[2] is not None else 1
+            if step == 0:
+                raise ConfigError(f"{at}: a range's step cannot be 0; got {values!r}")
+            found = list(range(numbers[0], numbers[1], step))
+            if not found:
+                raise ConfigError(f"{at}: the range {values!r} is empty")
+            return found
+        raise ConfigError(f"{at}: a list of values, a range 'start:stop[:step]' or 'all'; got {values!r}")
+    if isinstance(values, Sequence) and not isinstance(values, (bytes, bytearray)):
+        if not values:
+            raise ConfigError(f"{at}: no values; give at least one")
+        for value in values:
+            if not isinstance(value, (int, float, str, bool)):
+                raise ConfigError(f"{at}: values are numbers or texts; got {value!r}")
+        return list(values)
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        return [values]
+    raise ConfigError(f"{at}: a list of values, a range 'start:stop[:step]' or 'all'; got {values!r}")
+
+
+def cells(grid: Mapping[str, list]) -> list[dict[str, Any]]:
+    """Every combination of the variables' values, the last variable varying fastest."""
+    names = list(grid)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def placeholders(node: Any, where: str = "actions") -> dict[str, str]:
+    """Every variable named by a ``{name}`` in a string value of ``node``: name → the first key using it."""
+    found: dict[str, str] = {}
+    for at, text in _strings(node, where):
+        for match in _PLACEHOLDER.finditer(text):
+            name = match.group(1)
+            if name is None:
+                continue  # {{ or }}
+            if not _NAME.fullmatch(name):
+                raise ConfigError(f"{at}: {{{name}}} is not a variable name; write {{{{ and }}}} for literal braces")
+            found.setdefault(name, at)
+    return found
+
+
+def check_uses(grid: Mapping[str, list], actions: Any, where: str = "actions") -> None:
+    """Every placeholder names a variable of the grid, and every variable is used by some action."""
+    used = placeholders(actions, where)
+    for name, at in used.items():
+        if name not in grid:
+            known = ", ".join(grid) or "none"
+            raise ConfigError(f"{at}: {{{name}}} names no variable of study.grid (variables: {known})")
+    for name in grid:
+        if name not in used:
+            raise ConfigError(f"study.grid.{name}: no action uses it; write {{{name}}} in an action's value")
+
+
+def fill(node: Any, cell: Mapping[str, Any]) -> Any:
+    """``node`` with every placeholder replaced by the cell's value (a whole-placeholder string keeps the type)."""
+    if isinstance(node, Mapping):
+        return {key: fill(value, cell) for key, value in node.items()}
+    if isinstance(node, list | tuple):
+        return [fill(value, cell) for value in node]
+    if not isinstance(node, str):
+        return node
+    whole = _PLACEHOLDER.fullmatch(node)
+    if whole is not None and whole.group(1) is not None:
+        return cell[whole.group(1)]
+
+    def put(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group(0)[0]
+        return str(cell[match.group(1)])
+
+    return _PLACEHOLDER.sub(put, node)
+
+
+def _strings(node: Any, where: str) -> list[tuple[str, str]]:
+    if isinstance(node, Mapping):
+        return [s for key, value in node.items() for s in _strings(value, f"{where}.{key}")]
+    if isinstance(node, list | tuple):
+        return [s for i, value in enumerate(node) for s in _strings(value, f"{where}[{i}]")]
+    return [(where, node)] if isinstance(node, str) else []
