@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+import surgery.actions  # noqa: F401 - registers every action kind into surgery.core.steps.KINDS
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError

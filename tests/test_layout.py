@@ -13,8 +13,9 @@ UPPER = ("surgery.app", "surgery.data", "surgery.lm", "surgery.dist", "surgery.i
 FORBIDDEN = {
     "errors.py": ("surgery.",),
     "expr": ("surgery.core", "surgery.actions", *UPPER),
-    "core": UPPER,
+    "core": ("surgery.actions", *UPPER),  # kinds register into core.steps.KINDS; the compiler imports none
     "actions": ("surgery.core.engine", "surgery.core.compiler", *UPPER),
+    "files": ("surgery.actions", "surgery.expr", "surgery.core.engine", "surgery.core.compiler", *UPPER),
 }
 
 
@@ -55,3 +56,16 @@ def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
 def test_top_level_holds_only_the_public_api_and_entry_points() -> None:
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "errors.py", "replay.py", "sweep.py"]
+
+
+def test_kinds_are_registered_by_importing_the_package_and_the_compiler_finds_them() -> None:
+    """``import surgery`` fills the core registry the compiler reads; the actions package re-exports it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import surgery, sys; from surgery.core.steps import KINDS; import surgery.actions as a;"
+        "assert a.KINDS is KINDS and 'capture' in KINDS and 'on_load' in KINDS;"
+        "assert 'surgery.app' not in sys.modules, sorted(m for m in sys.modules if m.startswith('surgery.app'))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

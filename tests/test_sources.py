@@ -220,7 +220,7 @@ def test_python_objects_are_refused_under_safe(action: dict, message: str) -> No
         ({"a": {"kind": "modify_output", "select": "blocks.0", "op": "add", "value": torch.ones(4)}},
          r"^actions\.a\.value: the tensor given as value has shape \[4\].*'blocks\.0' is \[2, 5, 6\] on"),
         ({"a": {"kind": "modify_output", "select": "blocks.0", "op": "set", "from": torch.ones(3, 5, 6),
-                "index": "[:, 0]"}}, r"^actions\.a\.from: .*\[3, 5, 6\].*\[2, 6\].*nor is it the whole output.s shape"),
+                "index": "[:, 0]"}}, r"^actions\.a\.from: .*\[3, 5, 6\].*\[2, 6\].*nor onto the whole output, shape"),
         ({"a": {"kind": "modify_output", "select": "blocks.0", "op": "set", "from": {"capture": "c"}},
           "c": {"kind": "capture", "select": "blocks.0"}},
          r"^actions\.a\.from\.capture: no capture action 'c' is listed before this one"),

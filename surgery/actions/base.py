@@ -1,4 +1,4 @@
-"""What every action kind shares: the bind context, the bound ``Step`` and tensor lookups.
+"""What every action kind shares beyond ``surgery.core.steps`` (re-exported here): hooks, tensor lookups, seeds.
 
 A kind validates its config against the modules it matched (``bind``, at plan time,
 touching nothing) and returns the function that performs it (``apply``, given the
@@ -10,8 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,105 +19,23 @@ from surgery.actions.sharded import fsdp1_hint, is_dtensor, refuse_on_fsdp1
 from surgery.core.calls import CallCounter, gated, parse_calls
 from surgery.core.globs import compile_globs
 from surgery.core.ledger import Ledger
-from surgery.core.registry import Registry
 from surgery.core.select import Target, closest_names, select_params
+from surgery.core.steps import (  # noqa: F401 - re-exported: every kind file takes these from here
+    APPLY_PASS,
+    FORWARD_HOOK,
+    FORWARD_PRE_HOOK,
+    FULL_BACKWARD_HOOK,
+    FULL_BACKWARD_PRE_HOOK,
+    KINDS,
+    STATE_DICT_HOOK,
+    TENSOR_HOOK,
+    BindContext,
+    Kind,
+    ShapeCheck,
+    Step,
+    TensorSpec,
+)
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError, did_you_mean
-
-APPLY_PASS = "apply pass"
-FORWARD_PRE_HOOK = "forward pre-hook"
-FORWARD_HOOK = "forward hook"
-FULL_BACKWARD_HOOK = "full backward hook"
-FULL_BACKWARD_PRE_HOOK = "full backward pre-hook"
-TENSOR_HOOK = "tensor hook"
-STATE_DICT_HOOK = "state-dict hook"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of a tensor an earlier action of the same plan will add."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    kind: str  # "parameters" or "buffers"
-
-
-@dataclass
-class BindContext:
-    """What a kind may know while binding: names, settings, the model, earlier additions."""
-
-    name: str
-    seed: int
-    strict: bool
-    safe: bool
-    root: nn.Module
-    added: dict[int, dict[str, TensorSpec]] = field(default_factory=dict)
-    requires_grad: dict[int, bool] = field(default_factory=dict)  # flags earlier freeze/unfreeze will set
-    earlier: list[Step] = field(default_factory=list)  # the steps bound before this one (from: {capture} checks)
-
-    @property
-    def where(self) -> str:
-        """Config path of this action, for messages: ``actions.NAME``."""
-        return f"actions.{self.name}"
-
-
-@dataclass(frozen=True)
-class ShapeCheck:
-    """What an action needs at one module's input or output, checked by a probe forward:
-    that ``index`` applies, and (for a patch) that the written part has ``shape``."""
-
-    where: str  # the action's config path, e.g. actions.p
-    what: str  # "input" or "output"
-    item: Any  # position or key within the input/output
-    index: tuple | None  # the slice the action writes
-    index_text: str | None  # the slice as configured, for the message
-    shape: tuple[int, ...] | None  # a patch's shape, or None
-    source: str  # what provides the shape, for the message
-
-
-@dataclass
-class Step:
-    """One action bound to what it matched; ``apply(ledger)`` performs it."""
-
-    name: str
-    kind: str
-    mechanism: str
-    config: Any
-    targets: list[Target]
-    apply: Callable[[Ledger], None]
-    tensors: list[str] = field(default_factory=list)  # full names, for parameter-level kinds
-    enabled: bool = True
-    shape_checks: list[tuple[Target, ShapeCheck]] = field(default_factory=list)
-    replaced: list[Target] = field(default_factory=list)  # modules a replace_module step puts in
-    after_plan: Callable[[], None] | None = None  # a check that needs every action bound (compile_plan calls it)
-    streams: bool = False  # its records go to disk batch by batch (capture with to: disk)
-
-    @property
-    def traits(self) -> type[Kind]:
-        """The kind's class, which carries its traits (``observes``, ``sized``, ...)."""
-        return KINDS.get(self.kind)
-
-
-class Kind:
-    """An action kind: a schema, the PyTorch mechanism it compiles to, its traits, and ``bind``.
-
-    Traits live here, not in lists elsewhere: ``observes`` (records or prints, changes nothing the
-    model computes), ``choices`` (the key whose values the reference lists, and those values),
-    ``sized`` (its records count against ``max_bytes`` in the probe forward).
-    """
-
-    name: ClassVar[str]
-    schema: ClassVar[type]
-    mechanism: ClassVar[str]
-    observes: ClassVar[bool] = False
-    choices: ClassVar[tuple[str, tuple[str, ...]] | None] = None
-    sized: ClassVar[bool] = False
-
-    def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
-        """Check ``cfg`` against the matched modules and return the step that applies it."""
-        raise NotImplementedError
-
-
-KINDS: Registry[type[Kind]] = Registry("action kind")
 
 
 def hook_on(ledger: Ledger, register: Callable[..., Any], hook: Callable, cfg: Any, **options: Any) -> Any:

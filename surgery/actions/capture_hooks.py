@@ -19,7 +19,7 @@ from surgery.actions.base import KeyedError, hook_failed, hook_on, input_at
 from surgery.core.ledger import Ledger
 from surgery.core.records import Call, Record, detached, stamps_of, version_of
 from surgery.core.select import Target
-from surgery.core.structure import get_item, map_tensors
+from surgery.core.structure import get_item, map_tensors, not_a_tensor_to_cut
 
 
 class StopForward(Exception):  # noqa: N818 - not an error: the way a forward ends early (baukit's name)
@@ -55,11 +55,6 @@ def output_hook(record: Record, detach: bool, last: bool) -> Callable[..., None]
             outputs.append((detached(output) if detach else output, None))
 
     return keep_all
-
-
-def not_a_tensor_to_cut(what: str, value: Any) -> str:
-    """Why ``index`` cannot cut the whole ``what`` (``value``, not a tensor), and the key that would work."""
-    return f"the {what} is a {type(value).__name__}, and index cuts a tensor; pick one with item (e.g. item: 0)"
 
 
 def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool) -> Any:

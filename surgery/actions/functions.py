@@ -13,7 +13,7 @@ off while it handles a call).
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -98,7 +98,8 @@ def inside_step(kind: Any, cfg: Any, targets: list[Target], ctx: Any, make: Call
         for target in ledger.each(action, targets, lambda t: t.name):
             register_inside(ledger, action, target, cfg, make(ledger, target))
 
-    return Step(ctx.name, kind.name, FUNCTION_MODE, cfg, targets, apply)
+    watch = partial(watch_calls, action, cfg.function)  # the probe forward checks the function runs in there
+    return Step(ctx.name, kind.name, FUNCTION_MODE, cfg, targets, apply, watch=watch)
 
 
 class _Seen(TorchFunctionMode):
@@ -134,12 +135,17 @@ def probe_function(target: Target, function: str) -> tuple[list[Any], set[int], 
     return handles, seen, ran
 
 
-def check_called(step: Step, target: Target, seen: set[int], ran: list[bool]) -> None:
+def watch_calls(action: str, function: str, target: Target) -> tuple[list[Any], Callable[[], None]]:
+    """The probe forward's hooks on ``target`` and the check after it that ``function`` ran inside (a ``Watch``)."""
+    handles, seen, ran = probe_function(target, function)
+    return handles, partial(check_called, action, function, target, seen, ran)
+
+
+def check_called(action: str, name: str, target: Target, seen: set[int], ran: list[bool]) -> None:
     """Refuse a ``function`` the module's forward never called on the example input (it would act on nothing)."""
     if ran and not seen:
-        name = step.config.function
         raise ConfigError(
-            f"actions.{step.name}.function: {type(target.module).__name__}.forward of {target.name!r} never calls"
+            f"actions.{action}.function: {type(target.module).__name__}.forward of {target.name!r} never calls"
             f" {name} on the example input (torch.{name}, torch.nn.functional.{name} or Tensor.{name}); it may use"
             " another function (e.g. scaled_dot_product_attention instead of softmax: attn_implementation='eager')"
         )

@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from surgery.actions.base import APPLY_PASS, KINDS, BindContext, Kind, Step
+from surgery.actions.sharded import DDP_ADVICE
 from surgery.core.callables import instantiate_node
 from surgery.core.ledger import Ledger
 from surgery.core.schema import ReplaceModuleAction
@@ -33,6 +34,7 @@ class ReplaceModule(Kind):
     name = "replace_module"
     schema = ReplaceModuleAction
     mechanism = APPLY_PASS
+    ddp_advice = DDP_ADVICE["replace_module"]
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Build one replacement per module now; refuse the root and nested selections."""

@@ -25,7 +25,7 @@ from surgery.actions.base import (
     tensors_of,
 )
 from surgery.actions.init import check_fits, fill_
-from surgery.actions.sharded import is_dtensor
+from surgery.actions.sharded import DDP_ADVICE, is_dtensor
 from surgery.core.ledger import Ledger
 from surgery.core.schema import INIT_METHODS, AddBufferAction, AddParameterAction, FreezeAction
 from surgery.core.select import Target
@@ -152,6 +152,7 @@ class AddParameter(AddTensor):
     name = "add_parameter"
     choices = ("init.method", INIT_METHODS)
     schema = AddParameterAction
+    ddp_advice = DDP_ADVICE["add_parameter"]
 
     def register(self, ledger: Ledger, module: nn.Module, cfg: Any, tensor: torch.Tensor) -> None:
         """Register as a Parameter with the configured requires_grad."""
@@ -208,6 +209,7 @@ class Freeze(SetRequiresGrad):
 
     name = "freeze"
     flag = False
+    ddp_advice = DDP_ADVICE["freeze"]
 
 
 @KINDS.register()

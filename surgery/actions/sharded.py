@@ -5,7 +5,8 @@ an unsharded ``nn.Parameter`` it all-gathers into (the same object every step). 
 on that unsharded parameter, a seeded init draws the whole tensor once and keeps this rank's shard, and a
 ``fn: linear`` reads the whole weight. FSDP1 flattens parameters into a ``FlatParameter``: per-parameter
 values and hooks cannot be honoured there, so those kinds are refused at plan time. DDP all-reduces only
-the parameters it saw at wrapping, so changes to the parameter set after wrapping get a plan warning.
+the parameters it saw at wrapping, so changes to the parameter set after wrapping get a plan warning
+(``DDP_ADVICE``, each kind's ``ddp_advice`` trait).
 Everything here is imported lazily: a model with none of these wrappers never touches torch.distributed.
 """
 
@@ -20,7 +21,6 @@ from torch import nn
 from surgery.errors import ConfigError
 
 FSDP1_NAME = "FullyShardedDataParallel"
-DDP_NAMES = frozenset({"DistributedDataParallel"})
 
 
 def is_dtensor(tensor: Any) -> bool:
@@ -114,7 +114,7 @@ def fsdp1_hint(root: nn.Module) -> str:
     )
 
 
-DDP_ADVICE = {
+DDP_ADVICE = {  # each kind names its own as its `ddp_advice` trait; the compiler warns with it
     "add_parameter": "DDP does not all-reduce a parameter added after wrapping, so its gradient differs across ranks;"
     " apply it before wrapping in DistributedDataParallel",
     "freeze": "DDP expects a gradient for every parameter it saw at wrapping, so the next step fails; apply it before"
@@ -122,14 +122,3 @@ DDP_ADVICE = {
     "replace_module": "DDP still reduces the replaced module's parameters, so the next step fails; apply it before"
     " wrapping in DistributedDataParallel",
 }
-
-
-def ddp_warnings(root: nn.Module, steps: Iterable[Any]) -> list[str]:
-    """Plan warnings for changes to the parameter set of a model already wrapped in DDP."""
-    if not any(type(m).__name__ in DDP_NAMES for m in (root, *root.children())):
-        return []
-    return [
-        f"actions.{s.name} ({s.kind}) on a DDP-wrapped model: {DDP_ADVICE[s.kind]}"
-        for s in steps
-        if s.enabled and s.kind in DDP_ADVICE
-    ]

@@ -2,8 +2,10 @@
 
 A source broadcasts onto the part of the tensor the op writes by PyTorch's rules (``[T, D]`` onto
 ``[B, T, D]``, a ``[D]`` steering vector onto every position); a source with the whole tensor's
-shape is first cut by ``index`` like the tensor. The model is never handed the source itself: every
-call gets a new tensor, so in-place model code cannot change what the next call reads.
+shape, or one that broadcasts onto the whole tensor but not onto the part (a ``[T, D]`` mean written
+into ``[..., 16:24]`` of ``[B, T, D]``), is first broadcast onto the whole tensor, then cut by ``index``.
+The model is never handed the source itself: every call gets a new tensor, so in-place model code
+cannot change what the next call reads.
 
 ``from: {capture: ACTION, what, reduce, dim}`` reads what the earlier capture ACTION recorded on the
 same module. In one pass that is its latest call (the capture's hook runs first on the same call).
@@ -26,6 +28,7 @@ import torch
 
 from surgery.actions.base import KeyedError
 from surgery.core.select import Target
+from surgery.core.steps import broadcasts
 from surgery.core.structure import get_item
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError, did_you_mean
@@ -97,14 +100,22 @@ def source_shape(cfg: Any, where: str) -> tuple[tuple[int, ...], str] | None:
     return None
 
 
-def fits(source: tuple[int, ...], full: tuple[int, ...], part: tuple[int, ...], sliced: bool) -> bool:
-    """Whether a source of shape ``source`` can be written onto ``part`` (the whole tensor ``full`` cut by index)."""
-    if sliced and source == full:
-        return True
-    try:
-        return torch.broadcast_shapes(source, part) == part
-    except RuntimeError:
-        return False
+def onto(src: torch.Tensor, t: torch.Tensor, part: torch.Tensor, index: tuple | None, key: str) -> torch.Tensor:
+    """``src`` made to write onto ``part`` (``t`` cut by ``index``): as it is when it broadcasts onto the part,
+    else broadcast onto the whole tensor and cut by ``index`` like it (a ``[T, D]`` mean into ``[..., 16:24]``)."""
+    if index is None or (src.shape != t.shape and broadcasts(tuple(src.shape), tuple(part.shape))):
+        if not broadcasts(tuple(src.shape), tuple(part.shape)):
+            raise KeyedError(
+                key, f"the source has shape {list(src.shape)}, which does not broadcast onto {list(part.shape)}"
+            )
+        return src
+    if not broadcasts(tuple(src.shape), tuple(t.shape)):
+        raise KeyedError(
+            key,
+            f"the source has shape {list(src.shape)}, which broadcasts neither onto the indexed part"
+            f" {list(part.shape)} nor onto the whole tensor {list(t.shape)}",
+        )
+    return src.expand(t.shape)[index]
 
 
 def source_op(cfg: Any, where: str, safe: bool, index: tuple | None, ctx: SourceContext | None) -> Callable[..., Op]:
@@ -142,12 +153,7 @@ def source_op(cfg: Any, where: str, safe: bool, index: tuple | None, ctx: Source
                 return t  # a source pass: the capture is recording what this op will read later
             src = source_for(t, m)
             part = t if index is None else t[index]
-            if index is not None and src.shape == t.shape:
-                src = src[index]  # the whole tensor's shape: cut like the tensor it replaces
-            if not fits(tuple(src.shape), tuple(t.shape), tuple(part.shape), False):
-                raise KeyedError(
-                    key, f"the source has shape {list(src.shape)}, which does not broadcast onto {list(part.shape)}"
-                )
+            src = onto(src, t, part, index, key)
             new = combine(part, src.to(dtype=part.dtype))
             if index is None:
                 return new

@@ -2,6 +2,7 @@
 
 Nothing is touched here: every key, selector, parameter, shape and expression is checked
 first, so that applying either succeeds as a whole or fails before the model changes.
+Kinds come from ``surgery.core.steps.KINDS``, which ``surgery.actions`` fills when imported.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.actions import KINDS
-from surgery.actions.base import BindContext, Step
-from surgery.actions.sharded import ddp_warnings
 from surgery.core.paths import config_dir, group_options
 from surgery.core.schema import validate
 from surgery.core.select import ModuleIndex, Target, as_list, closest_names
+from surgery.core.steps import KINDS, BindContext, Step
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
 
 SHOWN = 6  # matched names shown per row of the plan table
+DDP_NAMES = frozenset({"DistributedDataParallel"})
 
 
 def load_actions(actions: Any) -> dict[str, Any]:
@@ -165,6 +165,17 @@ def compile_plan(
 
         check_before_apply(plan.model, plan.steps, example_inputs or (), batches, example_kwargs)
     return plan
+
+
+def ddp_warnings(root: nn.Module, steps: list[Step]) -> list[str]:
+    """Plan warnings for changes to the parameter set of a model already wrapped in DDP (each kind's ``ddp_advice``)."""
+    if not any(type(m).__name__ in DDP_NAMES for m in (root, *root.children())):
+        return []
+    return [
+        f"actions.{s.name} ({s.kind}) on a DDP-wrapped model: {s.traits.ddp_advice}"
+        for s in steps
+        if s.enabled and s.traits.ddp_advice
+    ]
 
 
 def overlap_warnings(steps: list[Step]) -> list[str]:

@@ -10,12 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import ShapeCheck, Step
-from surgery.actions.capture_hooks import not_a_tensor_to_cut
-from surgery.actions.functions import check_called, probe_function
-from surgery.actions.sources import fits
 from surgery.core.select import Target
-from surgery.core.structure import get_item
+from surgery.core.steps import ShapeCheck, Step, fits
+from surgery.core.structure import get_item, not_a_tensor_to_cut
 from surgery.errors import ConfigError
 
 
@@ -27,8 +24,8 @@ def check_before_apply(
     checks = [(t, c) for s in steps if s.enabled for t, c in s.shape_checks]
     captures = [s for s in steps if s.enabled and s.traits.sized]
     sized = [s for s in captures if s.config.max_bytes is not None and s.config.reduce == "none"]
-    inside = [(s, t) for s in steps if s.enabled and getattr(s.config, "function", None) for t in s.targets]
-    if not checks and not sized and not inside:
+    watched = [(s.watch, t) for s in steps if s.enabled and s.watch is not None for t in s.targets]
+    if not checks and not sized and not watched:
         return
     seen: dict[tuple[int, str], Any] = {}
     per_batch = {s.name: 0 for s in sized}
@@ -45,11 +42,11 @@ def check_before_apply(
         for target in step.targets:
             count = partial(_count_bytes, per_batch, step.name, "input" in want, "output" in want)
             handles.append(target.module.register_forward_hook(count, with_kwargs=True))
-    called = []
-    for step, target in inside:  # does the forward call the function it names? (functions.probe_function)
-        hooks, functions_seen, ran = probe_function(target, step.config.function)
+    after = []
+    for watch, target in watched:  # e.g. does the forward call the function a `function:` action names?
+        hooks, check_after = watch(target)
         handles.extend(hooks)
-        called.append((step, target, functions_seen, ran))
+        after.append(check_after)
     try:
         with torch.no_grad():
             model(*example_inputs, **(example_kwargs or {}))
@@ -64,8 +61,8 @@ def check_before_apply(
         _check_shape(target, check, seen.get((id(target.module), check.what)))
     for step in sized:
         _check_size(step, per_batch[step.name], batches)
-    for step, target, functions_seen, ran in called:
-        check_called(step, target, functions_seen, ran)
+    for check_after in after:
+        check_after()
 
 
 def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
@@ -94,7 +91,7 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
             ) from None
     if check.shape is not None and not fits(check.shape, full, tuple(picked.shape), check.index is not None):
         key = "value" if check.source.endswith("as value") else "from"
-        whole = f" (nor is it the whole {check.what}'s shape {list(full)})" if check.index is not None else ""
+        whole = f" (nor onto the whole {check.what}, shape {list(full)})" if check.index is not None else ""
         raise ConfigError(
             f"{check.where}.{key}: {check.source} has shape {list(check.shape)}, but the {check.what} of"
             f" {target.name!r} is {list(picked.shape)} on this input: it does not broadcast onto it{whole}"

@@ -28,6 +28,11 @@ def get_item(value: Any, item: Any) -> Any:
     raise TypeError(f"cannot pick item {item!r} from a {type(value).__name__}")
 
 
+def not_a_tensor_to_cut(what: str, value: Any) -> str:
+    """Why ``index`` cannot cut the whole ``what`` (``value``, not a tensor), and the key that would work."""
+    return f"the {what} is a {type(value).__name__}, and index cuts a tensor; pick one with item (e.g. item: 0)"
+
+
 def replace_item(value: Any, item: Any, new: Any) -> Any:
     """A copy of ``value`` with element ``item`` replaced by ``new`` (``new`` for a tensor)."""
     if isinstance(value, torch.Tensor):
