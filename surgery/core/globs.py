@@ -1,4 +1,4 @@
-"""The glob rule every string selector uses, compiled to regexes once.
+"""The glob rule every string selector uses, matched in time linear in the name for each pattern.
 
 Names are canonical module names (see :mod:`surgery.core.select`); the root module is ``<root>``.
 A pattern must match the whole name and is split on ``.`` into segments:
@@ -13,9 +13,15 @@ A pattern must match the whole name and is split on ``.`` into segments:
 anything else   literal (``blocks.0`` matches only ``blocks.0``, not ``blocks.01``)
 ==============  =====================================================================
 
-``a**b`` (``**`` sharing a segment), an unclosed ``[``, an empty segment and ``<root>``
-inside a longer pattern are config errors. The root has no segments, so only
-``<root>`` and all-``**`` patterns match it (``*`` needs exactly one segment).
+``a**b`` (``**`` sharing a segment), an unclosed ``[``, an empty segment, ``<root>`` inside a
+longer pattern and a pattern over ``MAX_GLOB_LENGTH`` characters are config errors. The root has
+no segments, so only ``<root>`` and all-``**`` patterns match it (``*`` needs exactly one segment).
+
+Time: a pattern with at most one ``**`` and at most one ``*`` per segment is one regex, which
+cannot backtrack more than once per segment. Any other (``*?*?*?b``, ``**.a.**.b``) is matched
+without backtracking: each segment by placing the fixed-width pieces between its stars from the
+right, the segments by a table over (pattern segment, name segment). Both give the captures a
+backtracking regex would (each wildcard as long as it can be, left to right), for ``rename``.
 
 Type patterns: without a dot, a glob on ``type(module).__name__`` (exact class, no
 subclasses: ``Conv2d``, ``Function_*``); with a dot, the same glob rule on
@@ -28,30 +34,33 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from surgery.errors import ConfigError
 
 ROOT = "<root>"
 GLOB_CHARS = re.compile(r"\[[^\]]*\]?|[*?]")
+MAX_GLOB_LENGTH = 1000
 
 _DOUBLE_STAR = {  # (first segment, last segment) -> regex for a '**' segment
     (True, False): r"(?:[^.]+\.)*",
     (False, True): r"(?:\.[^.]+)*",
     (False, False): r"\.(?:[^.]+\.)*",
 }
+_STAR = None  # in a segment's atoms: '*'; every other atom is (regex of one character, is a wildcard)
 
 
-def _segment_regex(segment: str, pattern: str, where: str, capture: bool = False) -> str:
-    """Translate one dotted segment of a glob (no ``**``) into a regex; ``capture`` groups wildcards."""
-    out: list[str] = []
+def _atoms(segment: str, pattern: str, where: str) -> list[tuple[str, bool] | None]:
+    """One dotted segment of a glob (no ``**``) as atoms: ``None`` for ``*``, else one character's regex."""
+    out: list[tuple[str, bool] | None] = []
     i, n = 0, len(segment)
     while i < n:
         c = segment[i]
         i += 1
         if c == "*":
-            out.append("([^.]*)" if capture else "[^.]*")
+            out.append(_STAR)
         elif c == "?":
-            out.append("([^.])" if capture else "[^.]")
+            out.append(("[^.]", True))
         elif c == "[":
             j = i + 1 if i < n and segment[i] == "!" else i
             j = j + 1 if j < n and segment[j] == "]" else j  # a leading ']' is literal
@@ -60,16 +69,27 @@ def _segment_regex(segment: str, pattern: str, where: str, capture: bool = False
                 raise ConfigError(f"{where}: unclosed '[' in glob {pattern!r}")
             negate = segment[i] == "!"
             body = "".join(ch if ch == "-" else re.escape(ch) for ch in segment[i + negate : end])
-            cls = f"[^.{body}]" if negate else f"[{body}]"
-            out.append(f"({cls})" if capture else cls)
+            out.append((f"[^.{body}]" if negate else f"[{body}]", True))
             i = end + 1
         else:
-            out.append(re.escape(c))
-    return "".join(out)
+            out.append((re.escape(c), False))
+    return out
 
 
-def _glob_regex_source(pattern: str, where: str, capture: bool = False) -> str:
-    """Translate one glob into regex source that must match a whole non-root name."""
+def _segment_regex(atoms: list[tuple[str, bool] | None], capture: bool) -> str:
+    """The regex of one segment's atoms; ``capture`` groups each wildcard."""
+    parts = ("[^.]*" if atom is None else atom[0] for atom in atoms)
+    if not capture:
+        return "".join(parts)
+    return "".join(f"({p})" if atom is None or atom[1] else p for p, atom in zip(parts, atoms))
+
+
+def _segments(pattern: str, where: str) -> list[str]:
+    """The segments of a glob, checked, with ``**.**`` folded to ``**``."""
+    if len(pattern) > MAX_GLOB_LENGTH:
+        raise ConfigError(
+            f"{where}: glob is {len(pattern):,} characters long, more than {MAX_GLOB_LENGTH:,}: {pattern[:40]!r}..."
+        )
     segments: list[str] = []
     for seg in pattern.split("."):
         if not seg:
@@ -80,6 +100,11 @@ def _glob_regex_source(pattern: str, where: str, capture: bool = False) -> str:
             raise ConfigError(f"{where}: {ROOT!r} must be the whole pattern, got {pattern!r}")
         if not (seg == "**" and segments and segments[-1] == "**"):  # '**.**' is '**'
             segments.append(seg)
+    return segments
+
+
+def _regex_source(segments: list[str], atoms: list[Any], capture: bool) -> str:
+    """Regex source that must match a whole non-root name (``atoms[i]`` of each non-``**`` segment)."""
     if segments == ["**"]:
         return "(.+)" if capture else ".+"
     out: list[str] = []
@@ -90,8 +115,132 @@ def _glob_regex_source(pattern: str, where: str, capture: bool = False) -> str:
         else:
             if i > 0 and segments[i - 1] != "**":
                 out.append(r"\.")
-            out.append(_segment_regex(seg, pattern, where, capture))
+            out.append(_segment_regex(atoms[i], capture))
     return "".join(out)
+
+
+class _Piece(NamedTuple):
+    """A fixed-width run of a segment's atoms between two stars, found forward or (reversed) backward."""
+
+    forward: re.Pattern[str]
+    backward: re.Pattern[str]  # the atoms reversed, searched in the reversed segment
+    width: int
+    wild: tuple[int, ...]  # offsets of the wildcards (?, [..]) inside the piece
+
+
+def _pieces(atoms: list[tuple[str, bool] | None]) -> list[_Piece]:
+    """The pieces between a segment's stars: one more than it has stars."""
+    runs: list[list[tuple[str, bool]]] = [[]]
+    for atom in atoms:
+        if atom is None:
+            runs.append([])
+        else:
+            runs[-1].append(atom)
+    return [
+        _Piece(
+            re.compile("".join(a for a, _ in run)),
+            re.compile("".join(a for a, _ in reversed(run))),
+            len(run),
+            tuple(k for k, (_, wild) in enumerate(run) if wild),
+        )
+        for run in runs
+    ]
+
+
+def _match_segment(pieces: list[_Piece], text: str) -> list[str] | None:
+    """The wildcards' captures when one segment's pattern matches ``text`` wholly, else None.
+
+    Pieces are placed from the right, each as far right as it goes: that finds a match if there is
+    one, and makes each star as long as it can be, left to right (what a backtracking regex picks).
+    """
+    n, first, last = len(text), pieces[0], pieces[-1]
+    if len(pieces) == 1:
+        found = first.forward.fullmatch(text)
+        return None if found is None else [text[k] for k in first.wild]
+    if (
+        n < first.width + last.width
+        or not first.forward.match(text)
+        or not last.forward.fullmatch(text, n - last.width)
+    ):
+        return None
+    starts = [0] * len(pieces)
+    starts[-1] = end = n - last.width
+    reversed_text = text[::-1]
+    for i in range(len(pieces) - 2, 0, -1):
+        found = pieces[i].backward.search(reversed_text, n - end, n - first.width)
+        if found is None:
+            return None
+        starts[i] = end = n - found.end()
+    captures = [text[k] for k in first.wild]
+    for i in range(1, len(pieces)):
+        captures.append(text[starts[i - 1] + pieces[i - 1].width : starts[i]])
+        captures.extend(text[starts[i] + k] for k in pieces[i].wild)
+    return captures
+
+
+class _LinearGlob:
+    """One glob matched without backtracking: a table over (pattern segment, name segment)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, segments: list[str], atoms: list[Any]) -> None:
+        self.items = [None if seg == "**" else _pieces(atoms[i]) for i, seg in enumerate(segments)]
+
+    def captures(self, name: str) -> list[str] | None:
+        """What each wildcard matched, in order (``**`` without its dots), or None when ``name`` does not match."""
+        items = self.items
+        if len(items) == 1 and items[0] is None:
+            return [name] if name else None
+        segs = name.split(".")
+        count = len(segs)
+        # ok[t][s]: items[t:] match segs[s:]; a '**' spans only non-empty segments, as its regex does
+        ok = [[False] * (count + 1) for _ in range(len(items) + 1)]
+        ok[-1][count] = True
+        for t in range(len(items) - 1, -1, -1):
+            row, after, pieces = ok[t], ok[t + 1], items[t]
+            if pieces is None:
+                row[count] = after[count]
+                for s in range(count - 1, -1, -1):
+                    row[s] = after[s] or (row[s + 1] and segs[s] != "")
+            else:
+                for s in range(count):
+                    row[s] = after[s + 1] and _match_segment(pieces, segs[s]) is not None
+        if not ok[0][0]:
+            return None
+        found: list[str] = []
+        s = 0
+        for t, pieces in enumerate(items):
+            if pieces is None:  # as many segments as can be, like the regex's greedy '**'
+                k = s
+                while k < count and segs[k]:
+                    k += 1
+                while not ok[t + 1][k]:
+                    k -= 1
+                found.append(".".join(segs[s:k]))
+                s = k
+            else:
+                found.extend(_match_segment(pieces, segs[s]) or ())
+                s += 1
+        return found
+
+    def fullmatch(self, name: str) -> bool | None:
+        return True if self.captures(name) is not None else None
+
+
+def _parse(pattern: str, where: str) -> tuple[list[str], list[Any], bool]:
+    """Segments, each segment's atoms (None for ``**``), and whether one regex may backtrack on it."""
+    segments = _segments(pattern, where)
+    atoms = [None if seg == "**" else _atoms(seg, pattern, where) for seg in segments]
+    stars = [sum(a is None for a in seg_atoms) for seg_atoms in atoms if seg_atoms is not None]
+    backtracks = segments.count("**") > 1 or any(count > 1 for count in stars)
+    return segments, atoms, backtracks
+
+
+def _compile(source: str, patterns: Any, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(source)
+    except re.error as exc:  # e.g. a reversed range '[z-a]'
+        raise ConfigError(f"{where}: bad glob in {list(patterns)!r}: {exc}") from None
 
 
 def _wildcards(pattern: str) -> list[str]:
@@ -114,21 +263,29 @@ def glob_rename(old: str, new: str, where: str) -> Callable[[str], str | None]:
     ``blocks.*.attn`` → ``layers.*.attention`` renames ``blocks.3.attn`` to ``layers.3.attention``;
     ``module.**`` → ``**`` drops a prefix. Both sides need the same wildcards in the same order.
     """
+    if len(new) > MAX_GLOB_LENGTH:
+        _segments(new, where)  # the same message as for the old glob
     old_kinds, new_tags = [w[:2] for w in _wildcards(old)], _wildcards(new)
     if old_kinds != [w[:2] for w in new_tags]:
         raise ConfigError(
             f"{where}: {old!r} -> {new!r}: the new name needs the same wildcards in the same order"
             f" ({' '.join(old_kinds) or 'none'} vs {' '.join(w[:2] for w in new_tags) or 'none'})"
         )
-    regex = re.compile(_glob_regex_source(old, where, capture=True))
+    segments, atoms, backtracks = _parse(old, where)
+    regex = _compile(_regex_source(segments, atoms, capture=True), [old], where)
+    linear = _LinearGlob(segments, atoms) if backtracks else None
     parts = re.split(r"(\*\*|\[[^\]]*\]|\*|\?)", new)  # literals at even positions, wildcards at odd
 
     def rename(name: str) -> str | None:
-        match = regex.fullmatch(name)
-        if match is None:
+        if linear is None:
+            match = regex.fullmatch(name)
+            groups: Sequence[str] | None = None if match is None else match.groups()
+        else:
+            groups = linear.captures(name)
+        if groups is None:
             return None
         out = list(parts)
-        for k, (captured, tag) in enumerate(zip(match.groups(), new_tags)):
+        for k, (captured, tag) in enumerate(zip(groups, new_tags)):
             at = 2 * k + 1
             out[at] = captured.strip(".") if tag.startswith("**") else captured
             if tag in ("**<", "**=") and not out[at]:  # zero segments: drop the dot after it
@@ -140,8 +297,24 @@ def glob_rename(old: str, new: str, where: str) -> Callable[[str], str | None]:
     return rename
 
 
-def glob_regex(patterns: str | Sequence[str], where: str) -> re.Pattern[str]:
-    """One regex for the alternation of ``patterns``; ``fullmatch`` it against names."""
+class _Globs:
+    """Globs matched one after the other: the regex of those that cannot backtrack, then the others."""
+
+    __slots__ = ("_regex", "_linear", "_root")
+
+    def __init__(self, regex: re.Pattern[str] | None, linear: list[_LinearGlob], root: bool) -> None:
+        self._regex, self._linear, self._root = regex, linear, root
+
+    def fullmatch(self, name: str) -> bool | None:
+        if name == ROOT:
+            return self._root or None
+        if self._regex is not None and self._regex.fullmatch(name) is not None:
+            return True
+        return True if any(glob.captures(name) is not None for glob in self._linear) else None
+
+
+def glob_regex(patterns: str | Sequence[str], where: str) -> Any:
+    """The alternation of ``patterns``: an object whose ``fullmatch(name)`` is truthy for a matching name."""
     if isinstance(patterns, str):  # one glob, never a list of characters
         patterns = [patterns]
     for p in patterns:
@@ -151,16 +324,20 @@ def glob_regex(patterns: str | Sequence[str], where: str) -> re.Pattern[str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _cachedglob_regex(patterns: tuple[str, ...], where: str) -> re.Pattern[str]:
+def _cachedglob_regex(patterns: tuple[str, ...], where: str) -> Any:
     root = any(p == ROOT or set(p.split(".")) == {"**"} for p in patterns)
-    sources = [_glob_regex_source(p, where) for p in patterns if p != ROOT]
-    body = "|".join(f"(?:{s})" for s in sources) or "(?!)"
+    parsed = [_parse(p, where) for p in patterns if p != ROOT]
+    sources = [_regex_source(segments, atoms, capture=False) for segments, atoms, _ in parsed]
+    safe = [f"(?:{s})" for s, (_, _, backtracks) in zip(sources, parsed) if not backtracks]
+    body = "|".join(safe) or "(?!)"
     # The root has no segments: '*' or '?*' must not reach it through the text '<root>'.
     source = f"{re.escape(ROOT)}|{body}" if root else rf"(?!{re.escape(ROOT)}\Z)(?:{body})"
-    try:
-        return re.compile(source)
-    except re.error as exc:  # e.g. a reversed range '[z-a]'
-        raise ConfigError(f"{where}: bad glob in {list(patterns)!r}: {exc}") from None
+    regex = _compile(source, patterns, where)
+    for s, (_, _, backtracks) in zip(sources, parsed):
+        if backtracks:
+            _compile(s, patterns, where)  # a bad class is refused whichever way the glob is matched
+    linear = [_LinearGlob(segments, atoms) for segments, atoms, backtracks in parsed if backtracks]
+    return _Globs(regex if safe else None, linear, root) if linear else regex
 
 
 def compile_globs(patterns: Sequence[str], where: str) -> Callable[[str], bool]:
