@@ -163,8 +163,8 @@ def test_on_load_with_nothing_to_do_is_an_error(tiny: TinyNet) -> None:
 
 
 def test_activation_patching_from_an_earlier_runs_captures(tmp_path) -> None:
-    from surgery.app.io import write_tensors
     from surgery.core.records import flatten_captures
+    from surgery.files.write import write_tensors
 
     torch.manual_seed(0)
     model = CNN().eval()

@@ -255,7 +255,7 @@ def files_in(directory: Path) -> list[str]:
 def test_ctrl_c_while_writing_json_leaves_no_file_and_no_temp_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from surgery.app.io import write_json
+    from surgery.files.write import write_json
 
     monkeypatch.setattr(Path, "write_text", lambda self, text, *a, **k: interrupt_half_way(self, text.encode()))
     with pytest.raises(KeyboardInterrupt):
@@ -264,7 +264,7 @@ def test_ctrl_c_while_writing_json_leaves_no_file_and_no_temp_file(
 
 
 def test_ctrl_c_while_overwriting_keeps_the_old_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from surgery.app.io import write_json
+    from surgery.files.write import write_json
 
     write_json(tmp_path / "report.json", {"old": True})
     old = (tmp_path / "report.json").read_text()
@@ -280,7 +280,7 @@ def test_ctrl_c_while_writing_tensors_leaves_no_file_and_no_temp_file(
 ) -> None:
     import safetensors.torch
 
-    from surgery.app.io import write_tensors
+    from surgery.files.write import write_tensors
 
     def save_half(tensors: dict[str, torch.Tensor], filename: str, *a: Any, **k: Any) -> None:
         interrupt_half_way(Path(filename), safetensors.torch.save(tensors))

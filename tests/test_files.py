@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from surgery.actions.ops import load_patch
-from surgery.app.io import MAX_PNG_PIXELS, read_input_file, read_tensors
 from surgery.core.tensors import ALIGNMENT, is_owned, owned
 from surgery.errors import ConfigError
+from surgery.files.images import MAX_PNG_PIXELS
+from surgery.files.tensors import read_input_file, read_tensors
 
 
 def png_bytes(width: int, height: int, rows: list[bytes]) -> bytes:
@@ -113,7 +114,7 @@ def test_png_past_either_cap_or_empty_is_refused(tmp_path: Path, width: int, hei
 
 
 def test_png_at_the_caps_passes_the_header_check(tmp_path: Path) -> None:
-    from surgery.app.io import png_size
+    from surgery.files.images import png_size
 
     (tmp_path / "x.png").write_bytes(png_bytes(16384, 1024, [bytes(16384)]))
     assert png_size(tmp_path / "x.png", "input.path") == (16384, 1024)  # 16M pixels: the cap exactly

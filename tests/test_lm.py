@@ -22,9 +22,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import surgery  # noqa: E402
-from surgery.app.io import load_checkpoint  # noqa: E402
 from surgery.data.metrics import Scores  # noqa: E402
 from surgery.errors import ActionError, ConfigError  # noqa: E402
+from surgery.files.checkpoints import load_checkpoint  # noqa: E402
 from surgery.lm.generate import first_difference, generate_both  # noqa: E402
 from surgery.lm.load import load_pretrained  # noqa: E402
 from surgery.lm.metrics import last_positions, logit_diff, text_metrics  # noqa: E402

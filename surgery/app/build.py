@@ -10,10 +10,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.app.io import load_checkpoint
 from surgery.core.callables import check_targets, instantiate_reason
 from surgery.core.schema import RunSettings, validate
 from surgery.errors import ConfigError, SurgeryError, did_you_mean
+from surgery.files.checkpoints import load_checkpoint
 
 # The keys of a model config that surgery reads itself; every other key is an argument of _target_.
 MODEL_KEYS = {

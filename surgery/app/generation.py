@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from surgery.app.io import write_json, write_tensors
 from surgery.core.engine import apply_plan
 from surgery.core.records import flatten_captures
 from surgery.errors import ConfigError
+from surgery.files.write import write_json, write_tensors
 
 GENERATE_KEYS = ("max_new_tokens", "do_sample")
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from surgery.actions.base import generator_for
-from surgery.app.io import read_input_file
 from surgery.data.loader import DatasetInput
 from surgery.errors import ConfigError
+from surgery.files.tensors import read_input_file
 
 # What each input key means, and which keys each input kind takes: validation and docs/config.md read both.
 KEY_MEANINGS = {

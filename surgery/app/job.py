@@ -14,7 +14,6 @@ from torch import nn
 from surgery.app.batches import Batch, Batches
 from surgery.app.inputs import loss_of
 from surgery.app.interrupt import Interrupted, Interrupts, exit_code, remove_temporary_files
-from surgery.app.io import read_tensors, write_json, write_tensors
 from surgery.app.prepare import Job, Reached, prepare
 from surgery.app.report import difference, environment, fingerprint, first_tensor, output_tensors, stats
 from surgery.app.scoring import Scoring, summary
@@ -24,6 +23,8 @@ from surgery.core.output import say
 from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
+from surgery.files.tensors import read_tensors
+from surgery.files.write import write_json, write_tensors
 
 
 def forward(
@@ -309,7 +310,8 @@ def write_shard(surgery: Surgery, directory: Path, number: int) -> int:
     flat = surgery.take_streamed()
     if not flat:
         return 0
-    write_tensors(directory / f"batch-{number:05d}.safetensors", flat)
+    key = f"actions.{next(iter(flat)).split('/')[0]}.to"  # a refusal past limits.disk_gb names a capture to disk
+    write_tensors(directory / f"batch-{number:05d}.safetensors", flat, key)
     return 1
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from surgery.app.io import write_atomic
 from surgery.core.records import Record
+from surgery.files.write import write_atomic
 
 MAX_CHANNELS = 16  # feature maps shown per figure
 MAX_NAME = 120  # characters in a plot's file name, well under the usual 255-byte limit

@@ -85,7 +85,7 @@ def table(
 
 def max_difference(old_file: Path, new_file: Path) -> tuple[float, str] | str:
     """(max abs difference, the key where it is) over two safetensors files, or why they cannot be compared."""
-    from surgery.app.io import read_tensors
+    from surgery.files.tensors import read_tensors
 
     if not old_file.is_file() or not new_file.is_file():
         missing = old_file if not old_file.is_file() else new_file

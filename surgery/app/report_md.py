@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from surgery.app.io import write_atomic
+from surgery.files.write import write_atomic
 
 SHOWN_NAMES = 4  # matched names listed per plan row before "… (+N more)"
 SHORT_HASH = 12

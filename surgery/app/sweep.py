@@ -21,9 +21,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from surgery.app.io import write_atomic
 from surgery.app.sweep_plots import plot_heatmaps, plot_metric, plot_metrics
 from surgery.errors import EXIT_BAD_INPUT, SweepError
+from surgery.files.write import write_atomic
 
 DEFAULT_METRIC = "difference.max_abs"
 METRICS = ("difference.max_abs", "difference.mean_abs", "difference.mse", "difference.kl", "output.mean", "output.std")

@@ -3,7 +3,9 @@
 Every source is a ``torch.utils.data.Dataset`` of ``(x, y)`` pairs read lazily where the format
 allows it (image folders, .safetensors, ``datasets`` directories), so a DataLoader streams them
 batch by batch and memory stays flat as the data set grows. ``.npz`` and ``.pt`` files are read
-whole (neither format can be read a slice at a time).
+whole (neither format can be read a slice at a time). The files are others': what they declare is
+checked before it is read (``surgery/files``), a batch's decoded size is checked against
+``limits.memory_gb``, and under ``safe=true`` no path in a data directory leads outside it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
+from surgery.core.limits import check_memory
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
+from surgery.files.images import png_decoded_bytes, read_png
+from surgery.files.paths import inside
+from surgery.files.tensors import SAFETENSORS_DTYPE_BYTES, npz_names, read_npz, read_tensors, safetensors_bytes
 
 SPLITS = ("train", "test", "all")
 SPLIT_SEED = 0  # the digits split is fixed: the same test set in every run, whatever the run's seed
@@ -43,6 +49,8 @@ def digits(split: str, image_shape: Sequence[int]) -> TensorDataset:
             f" got {[None, *image_shape]}"
         )
     channels, height, width = (int(s) for s in image_shape)
+    # interpolated, expanded to the channels and indexed by the split: about three copies at the asked size
+    check_memory(3 * len(y) * channels * height * width * 4, "input.shape", f"{len(y)} digits resized to {image_shape}")
     if (height, width) != (8, 8):
         x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
     x = x.expand(-1, channels, -1, -1).contiguous()
@@ -53,17 +61,21 @@ def digits(split: str, image_shape: Sequence[int]) -> TensorDataset:
 
 
 class ImageFolder(Dataset):
-    """A folder of class sub-folders of PNG images; labels are the sorted sub-folder names' positions."""
+    """A folder of class sub-folders of PNG images; labels are the sorted sub-folder names' positions.
+
+    Under ``safe=true`` a class sub-folder or image that is a symlink out of ``root`` is refused.
+    """
 
     def __init__(self, root: Path) -> None:
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         if not classes:
             raise ConfigError(f"input.path: {str(root)!r} has no class sub-folders (e.g. {root}/0/a.png, {root}/1/...)")
         self.classes = classes
+        where = f"the image folder {str(root)!r}"
         self.files = [
-            (f, label)
+            (inside(Path(name, f.name), root, "input.path", where), label)
             for label, name in enumerate(classes)
-            for f in sorted((root / name).iterdir())
+            for f in sorted(inside(name, root, "input.path", where).iterdir())
             if f.suffix.lower() in IMAGE_SUFFIXES
         ]
         if not self.files:
@@ -71,8 +83,6 @@ class ImageFolder(Dataset):
         self.shape = tuple(self._image(0).shape)
 
     def _image(self, i: int) -> torch.Tensor:
-        from surgery.app.io import read_png
-
         image = read_png(self.files[i][0], "input.path")
         return image[None] if image.dim() == 2 else image
 
@@ -88,6 +98,12 @@ class ImageFolder(Dataset):
             )
         return image, torch.tensor(self.files[i][1])
 
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A batch, its decoded size (from the PNG headers) checked before any image is decoded."""
+        decoded = sum(png_decoded_bytes(self.files[i][0], "input.path") for i in indices)
+        check_memory(2 * decoded, "input.batch_size", f"{len(indices)} images decoded and stacked")
+        return [self[i] for i in indices]
+
 
 class SafetensorsRows(Dataset):
     """Rows of two arrays of a .safetensors file, read a batch at a time (never the whole file)."""
@@ -96,10 +112,14 @@ class SafetensorsRows(Dataset):
         from safetensors import safe_open
 
         self.path, self.x_key, self.y_key = str(path), x_key, y_key
+        safetensors_bytes(path, "input.path")  # the header fits the file (a batch is checked when read)
         with safe_open(self.path, framework="pt") as f:
             keys = list(f.keys())  # noqa: SIM118 - not a dict
             check_keys(path, keys, x_key, y_key)
             self.length = f.get_slice(x_key).get_shape()[0]
+            self.row_bytes = sum(
+                _row_bytes(f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in (x_key, y_key) if k
+            )
 
     def __len__(self) -> int:
         return self.length
@@ -111,42 +131,19 @@ class SafetensorsRows(Dataset):
         from safetensors import safe_open
 
         lo, hi = min(indices), max(indices) + 1
+        check_memory(2 * (hi - lo) * self.row_bytes, "input.batch_size", f"rows {lo}..{hi - 1} of {self.path!r}")
         with safe_open(self.path, framework="pt") as f:
             xs = owned(f.get_slice(self.x_key)[lo:hi])
             ys = owned(f.get_slice(self.y_key)[lo:hi]) if self.y_key else None
         return [(xs[i - lo], ys[i - lo]) if ys is not None else (xs[i - lo],) for i in indices]
 
 
-class HFRows(Dataset):
-    """Rows of a Hugging Face ``datasets`` directory written by ``save_to_disk`` (memory-mapped Arrow)."""
-
-    def __init__(self, path: Path, x_key: str, y_key: str | None, split: str) -> None:
-        try:
-            from datasets import DatasetDict, load_from_disk
-        except ImportError:
-            raise ConfigError("input.path: a datasets directory needs `pip install datasets`") from None
-        data = load_from_disk(str(path))
-        if isinstance(data, DatasetDict):
-            if split not in data:
-                raise ConfigError(f"input.split: {str(path)!r} has splits {', '.join(data)}, not {split!r}")
-            data = data[split]
-        check_keys(path, list(data.column_names), x_key, y_key)
-        self.data = data.with_format("torch", columns=[x_key] + ([y_key] if y_key else []))
-        self.x_key, self.y_key = x_key, y_key
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
-        return self.__getitems__([i])[0]
-
-    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
-        rows = self.data[indices]
-        xs = torch.as_tensor(rows[self.x_key])
-        if self.y_key is None:
-            return [(x,) for x in xs]
-        ys = torch.as_tensor(rows[self.y_key])
-        return list(zip(xs, ys, strict=True))
+def _row_bytes(shape: Sequence[int], dtype: str) -> int:
+    """The bytes of one row of a safetensors array (its first dim is the row)."""
+    per = SAFETENSORS_DTYPE_BYTES.get(dtype.upper(), 8)
+    for size in shape[1:]:
+        per *= int(size)
+    return per
 
 
 def check_keys(path: Path, keys: Sequence[str], x_key: str, y_key: str | None) -> None:
@@ -162,19 +159,9 @@ def check_keys(path: Path, keys: Sequence[str], x_key: str, y_key: str | None) -
 def whole_file(path: Path, x_key: str, y_key: str | None) -> TensorDataset:
     """The two arrays of an .npz or a weights-only .pt file (read whole: neither reads by slices)."""
     if path.suffix.lower() == ".npz":
-        import numpy as np
-
-        try:
-            with np.load(path, allow_pickle=False) as arrays:
-                check_keys(path, list(arrays.files), x_key, y_key)
-                tensors = {k: owned(torch.from_numpy(arrays[k])) for k in (x_key, y_key) if k is not None}
-        except ConfigError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"input.path: cannot read {str(path)!r} as .npz ({e})") from None
+        check_keys(path, npz_names(path, "input.path"), x_key, y_key)
+        tensors = read_npz(path, [k for k in (x_key, y_key) if k is not None], "input.path")
     else:
-        from surgery.app.io import read_tensors
-
         tensors = read_tensors(path, "input.path")
         check_keys(path, list(tensors), x_key, y_key)
     x = tensors[x_key]
@@ -192,6 +179,8 @@ def local(path: Path, x_key: str, y_key: str | None, split: str) -> Dataset:
         raise ConfigError(f"input.path: {str(path)!r} does not exist")
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            from surgery.data.hf import HFRows
+
             return HFRows(path, x_key, y_key, split)
         return ImageFolder(path)
     suffix = path.suffix.lower()

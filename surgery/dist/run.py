@@ -83,7 +83,7 @@ def run_ranks(cfg: DictConfig, out_dir: Path, run_job: Callable[[DictConfig, Pat
     report = reports[0] or {}
     if rank == 0 and report:
         report = merged(reports, _wrap)
-        from surgery.app.io import write_json
+        from surgery.files.write import write_json
 
         write_json(run_dir / "report.json", report)
         print(f"distributed: {world} ranks (wrap {_wrap}), one run directory: {run_dir}")

@@ -1,0 +1,142 @@
+"""Rows of a Hugging Face ``datasets`` directory (``save_to_disk``), read without trusting what it names.
+
+The directory's JSON names the Arrow files to map (``state.json``) and its splits
+(``dataset_dict.json``); an Image column holds bytes or a path. Before ``datasets`` opens
+anything, each named file is checked with :func:`surgery.files.paths.inside` (a URL never,
+outside the directory not under ``safe=true``), and Image columns are decoded here rather than by
+``datasets`` (which would fetch a URL and decode any size): path checked, header size capped,
+a batch's decoded bytes checked against ``limits.memory_gb``. Columns of other decoded types
+(Audio, Video, Pdf, ...) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from surgery.core.limits import check_memory
+from surgery.errors import ConfigError
+from surgery.files.images import decode_image, open_image_bytes
+from surgery.files.paths import inside
+
+
+def check_directory(path: Path) -> None:
+    """Every split and Arrow file the directory's JSON names is a local path that may be read."""
+    dict_file = path / "dataset_dict.json"
+    if dict_file.exists():
+        for split in _json(dict_file).get("splits", []):
+            check_directory(inside(str(split), path, "input.path", f"{str(dict_file)!r}"))
+        return
+    state_file = path / "state.json"
+    if state_file.exists():
+        for entry in _json(state_file).get("_data_files", []):
+            name = entry.get("filename", "") if isinstance(entry, dict) else entry
+            inside(str(name), path, "input.path", f"{str(state_file)!r}")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"input.path: cannot read {str(path)!r} as JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"input.path: {str(path)!r} is not a JSON object")
+    return data
+
+
+class HFRows(Dataset):
+    """Rows of a Hugging Face ``datasets`` directory written by ``save_to_disk`` (memory-mapped Arrow)."""
+
+    def __init__(self, path: Path, x_key: str, y_key: str | None, split: str) -> None:
+        try:
+            from datasets import DatasetDict, Image, load_from_disk
+        except ImportError:
+            raise ConfigError("input.path: a datasets directory needs `pip install datasets`") from None
+        from surgery.data.sources import check_keys
+
+        check_directory(path)
+        data = load_from_disk(str(path))
+        if isinstance(data, DatasetDict):
+            if split not in data:
+                raise ConfigError(f"input.split: {str(path)!r} has splits {', '.join(data)}, not {split!r}")
+            data = data[split]
+        check_keys(path, list(data.column_names), x_key, y_key)
+        self.path, self.x_key, self.y_key = path, x_key, y_key
+        self.keys = [x_key] + ([y_key] if y_key else [])
+        self.images: dict[str, str | None] = {}  # Image columns (decoded here) → the mode they ask for
+        for which, key in zip(("x_key", "y_key"), self.keys):
+            feature = data.features[key]
+            if isinstance(feature, Image):
+                self.images[key] = feature.mode
+                data = data.cast_column(key, Image(decode=False))
+            elif _decoded(feature):
+                raise ConfigError(
+                    f"input.{which}: column {key!r} of {str(path)!r} is a {_decoded(feature)} column; a data set"
+                    " input reads arrays, numbers and Image columns"
+                )
+        arrays = [k for k in self.keys if k not in self.images]
+        self.data = data.with_format("torch", columns=arrays) if arrays else None
+        self.raw = data.select_columns(list(self.images)) if self.images else None
+
+    def __len__(self) -> int:
+        return len(self.data if self.data is not None else self.raw)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        columns: dict[str, list[torch.Tensor]] = {}
+        if self.data is not None:
+            rows = self.data[indices]
+            columns.update({k: list(torch.as_tensor(rows[k])) for k in rows})
+        if self.raw is not None:
+            raw = self.raw[indices]
+            columns.update({k: self._images(k, raw[k], indices) for k in self.images})
+        return list(zip(*(columns[k] for k in self.keys), strict=True))
+
+    def _images(self, key: str, cells: list[Any], indices: list[int]) -> list[torch.Tensor]:
+        """A batch of one Image column: every path checked and every header read before anything is decoded."""
+        opened, total = [], 0
+        for cell, i in zip(cells, indices, strict=True):
+            where = f"row {i} of column {key!r} in {str(self.path)!r}"
+            image, nbytes = open_image_bytes(self._bytes(cell, where), "input.path", where)
+            mode = self.images[key]
+            opened.append((image.convert(mode) if mode and image.mode != mode else image, where))  # type: ignore[attr-defined]
+            total += nbytes * (len(mode) if mode else 1)
+        check_memory(2 * total, "input.batch_size", f"{len(indices)} images decoded and stacked")
+        tensors = [decode_image(image, "input.path", where) for image, where in opened]
+        for tensor, (_, where) in zip(tensors, opened, strict=True):
+            if tensor.shape != tensors[0].shape:
+                raise ConfigError(
+                    f"input.path: images of mixed sizes: {where} is {list(tensor.shape)}, the batch's first is"
+                    f" {list(tensors[0].shape)}; resize them to one size"
+                )
+        return tensors
+
+    def _bytes(self, cell: Any, where: str) -> bytes:
+        """An Image cell's bytes: its own, or its file's (a checked path taken from the data directory)."""
+        if not isinstance(cell, dict) or (cell.get("bytes") is None and not cell.get("path")):
+            raise ConfigError(f"input.path: {where} holds no image")
+        if cell.get("bytes") is not None:
+            return bytes(cell["bytes"])
+        file = inside(str(cell["path"]), self.path, "input.path", where)
+        if not file.is_file():
+            raise ConfigError(f"input.path: {where} names {cell['path']!r}, which is not a file")
+        check_memory(file.stat().st_size, "input.path", f"the image file {str(file)!r}")
+        return file.read_bytes()
+
+
+def _decoded(feature: Any) -> str | None:
+    """The name of a feature type ``datasets`` decodes (from bytes or a path), anywhere inside ``feature``."""
+    if isinstance(feature, dict):
+        return next((found for f in feature.values() if (found := _decoded(f))), None)
+    if isinstance(feature, (list, tuple)):
+        return next((found for f in feature if (found := _decoded(f))), None)
+    if hasattr(feature, "decode"):
+        return type(feature).__name__
+    inner = getattr(feature, "feature", None)
+    return _decoded(inner) if inner is not None else None

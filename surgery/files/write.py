@@ -1,0 +1,81 @@
+"""The run's own files: written atomically (temp file + rename) and counted against ``limits.disk_gb``.
+
+Every file a run writes (report.json, report.md, captures, capture shards, model.safetensors, plots)
+goes through :func:`write_atomic`, which charges its size to the run's disk budget before the file
+appears (:func:`surgery.core.limits.charge_disk`): a refusal leaves no half-written file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgery.core.limits import charge_disk
+
+SAFETENSORS_ENTRY_BYTES = 128  # a generous bound on one tensor's entry in the safetensors JSON header
+
+
+def write_atomic(
+    path: Path, write: Callable[[Path], object], nbytes: int | None = None, key: str | None = None
+) -> None:
+    """Write via a temp file in the same directory and rename, so no half file is ever left.
+
+    ``nbytes`` (when known) is charged to the disk budget before anything is written; otherwise the
+    temp file's size is, before the rename. ``key`` names what asked for the file in a refusal.
+    """
+    where = key or path.name
+    if nbytes is not None:
+        charge_disk(nbytes, where)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        if nbytes is None:
+            charge_disk(os.path.getsize(tmp), where)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp (and safetensors) make 0600; give open()'s usual mode, as Hydra's
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    """The process umask (reading it means setting it; set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text(path: Path, text: str, key: str | None = None) -> None:
+    """Atomically write UTF-8 text, its size charged first."""
+    write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), len(text.encode("utf-8")), key)
+
+
+def write_json(path: Path, data: Any, key: str | None = None) -> None:
+    """Atomically write pretty JSON."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n", key)
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor], key: str | None = None) -> None:
+    """Atomically write tensors as safetensors (contiguous CPU copies), their size charged before writing."""
+    from safetensors.torch import save_file
+
+    size = 8 + sum(t.numel() * t.element_size() + len(k.encode()) + SAFETENSORS_ENTRY_BYTES for k, t in tensors.items())
+    charge_disk(size, key or path.name)  # before the copies below: a refused file costs neither memory nor disk
+    flat: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, value in tensors.items():
+        tensor = value.detach().to("cpu").contiguous()
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in storages:  # safetensors refuses shared memory (block i's output is block i+1's input)
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        flat[name] = tensor
+    write_atomic(path, lambda p: save_file(flat, str(p)), 0, key)
