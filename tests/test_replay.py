@@ -175,7 +175,8 @@ def test_report_environment_names_the_cpu_and_its_capability(tmp_path: Path) -> 
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
-        assert env["cpu"] == names[0]
+        if names:  # some CPUs (ARM) name no "model name" in /proc/cpuinfo
+            assert env["cpu"] == names[0]
     assert env["torch"] == torch.__version__
 
 
@@ -241,18 +242,38 @@ def test_replay_without_saved_tensors_says_it_cannot_measure(
     assert f"; no model.safetensors in {run_dir} to measure by)" in out  # save_model=true saves one
 
 
-def test_replay_names_what_differs_in_the_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def other_than(value: object, *candidates: str) -> str:
+    """The first candidate that is not ``value``: a fake that differs from this machine's, whatever it is."""
+    return next(c for c in candidates if c != value)
+
+
+@pytest.mark.parametrize("machine", ["this machine", "an AVX-512 EPYC", "an AVX2 Xeon"])
+def test_replay_names_what_differs_in_the_environment(
+    machine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever CPU runs the suite (issue 25: it failed on an AMD EPYC reporting AVX512), here and as if on others."""
+    if machine != "this machine":
+        its_cpu, its_capability = {
+            "an AVX-512 EPYC": ("AMD EPYC 9654 96-Core Processor", "AVX512"),
+            "an AVX2 Xeon": ("Intel(R) Xeon(R) Platinum 8480+", "AVX2"),
+        }[machine]
+        monkeypatch.setattr("surgery.app.report.cpu_model", lambda: its_cpu)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: its_capability)
     run_dir = saved_run(composed("+model=functions", "+actions=add_five"), tmp_path / "run")
     report = json.loads((run_dir / "report.json").read_text())
     now = dict(report["environment"])
-    report["environment"].update(cpu="Intel(R) Xeon(R) Platinum 8480+", cpu_capability="AVX512", torch="2.12.0")
+    # values that differ from whatever this machine reports (no test may assume the CPU it runs on)
+    cpu = other_than(now["cpu"], "Intel(R) Xeon(R) Platinum 8480+", "AMD EPYC 9654 96-Core Processor")
+    capability = other_than(now["cpu_capability"], "AVX512", "AVX2")
+    version = other_than(now["torch"], "2.12.0", "2.11.0")
+    report["environment"].update(cpu=cpu, cpu_capability=capability, torch=version)
     (run_dir / "report.json").write_text(json.dumps(report))
     capsys.readouterr()
     assert replay.main([str(run_dir)]) == 0  # every fingerprint still identical
     out = capsys.readouterr().out
     assert (
-        f"another environment than the original run's: cpu: 'Intel(R) Xeon(R) Platinum 8480+' -> {now['cpu']!r};"
-        f" cpu_capability: 'AVX512' -> {now['cpu_capability']!r}; torch: '2.12.0' -> {now['torch']!r}\n"
+        f"another environment than the original run's: cpu: {cpu!r} -> {now['cpu']!r};"
+        f" cpu_capability: {capability!r} -> {now['cpu_capability']!r}; torch: {version!r} -> {now['torch']!r}\n"
     ) in out
     del report["environment"]["cpu"]  # a report from before the CPU was recorded
     (run_dir / "report.json").write_text(json.dumps(report))
