@@ -102,8 +102,14 @@ def _job(cfg: DictConfig) -> None:
     except SurgeryError as e:
         if verbose:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        from surgery.app.hydra_hooks import printable
+
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except RecursionError:
+        from surgery.app.hydra_hooks import NESTED_TOO_DEEPLY, refuse
+
+        refuse(NESTED_TOO_DEEPLY)
     except Exception:
         traceback.print_exc()
         print(
@@ -166,6 +172,10 @@ def main() -> None:
         _task()
     except InternalFailure:
         sys.exit(EXIT_INTERNAL)
+    except RecursionError:  # a config nested thousands deep, met outside Hydra's own error handling
+        from surgery.app.hydra_hooks import NESTED_TOO_DEEPLY, refuse
+
+        refuse(NESTED_TOO_DEEPLY)
     except BrokenPipeError:  # e.g. --help | head: the reader left; say nothing more
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

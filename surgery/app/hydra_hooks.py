@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
-from surgery.errors import ConfigError, SurgeryError, did_you_mean
+from surgery.errors import SurgeryError, did_you_mean
 
 EXIT_BAD_INPUT = 2
 # Launcher and sweeper plugins a shipped extra installs: Hydra's "Could not find" gets the pip line.
@@ -24,107 +24,154 @@ PLUGIN_EXTRAS = {
     "hydra/launcher/submitit_slurm": "slurm",
     "hydra/launcher/submitit_local": "slurm",
 }
-# Under safe=true a logging config may name only these classes (Hydra's defaults use the first two).
-SAFE_LOG_CLASSES = (
-    "logging.StreamHandler", "logging.FileHandler", "logging.NullHandler", "logging.Formatter", "logging.Filter",
-    "logging.handlers.RotatingFileHandler", "logging.handlers.TimedRotatingFileHandler",
-    "logging.handlers.WatchedFileHandler",
-)  # fmt: skip
-SAFE_LOG_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
+NESTED_TOO_DEEPLY = (
+    "the config is nested too deeply to read (more levels than Python's recursion limit); a config from someone"
+    " else that does this is refused"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): a name from a config cannot forge output lines."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def refuse(message: str) -> NoReturn:
     """One line on stderr and exit 2: the CLI's answer to bad input."""
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {printable(message)}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
 
 
 def safe_in(config: Any) -> bool:
-    """Whether a composed config asks for safe mode: anything but an explicit false (it is not validated yet)."""
-    value = OmegaConf.select(config, "safe", default=False, throw_on_resolution_failure=False)
+    """Whether a composed config asks for safe mode: anything but an explicit false (it is not validated yet).
+
+    Read unresolved: ``safe: ${oc.env:X}`` must not run its resolver before the resolvers are checked.
+    """
+    try:
+        node = config._get_node("safe") if isinstance(config, DictConfig) else None
+    except Exception:  # noqa: BLE001 - a structured config without the key
+        node = None
+    value = node._value() if node is not None else False
     return value not in (False, None, 0, "false", "False")
 
 
 def check_logging(config: DictConfig) -> None:
-    """Under safe mode, refuse a logging config that could run code: ``()`` factories, other classes, ``ext://``.
+    """Under safe mode, refuse a logging config that could run code or write outside the run directory."""
+    from surgery.app.safe_logging import check_logging as check
 
-    ``logging.config.dictConfig`` imports and calls what ``()`` and ``class`` name and imports what
-    ``ext://`` names; Hydra applies ``hydra.hydra_logging`` right after composing, before any callback.
-    A value that cannot be resolved yet (``${hydra.runtime.output_dir}`` in a file name) is checked
-    again when Hydra configures logging (:func:`_guard_configure`); here only its text is.
+    check(config)
+
+
+def check_composed(config: DictConfig, overrides: list[str], multirun: bool) -> None:
+    """Every composed config: interpolation loops and sizes, log formats; under safe mode resolvers and the Hydra tree.
+
+    Runs before anything resolves a value or Hydra acts on its node (docs/sharing.md).
     """
-    for key in ("hydra_logging", "job_logging"):
-        where = f"hydra.{key}"
-        found = OmegaConf.select(config, where, default=None, throw_on_resolution_failure=False)
-        if found is not None:  # None: no logging config, Hydra's plain default names nothing
-            _check_log_node(_readable(found), where)
+    from surgery.app.interpolations import check_interpolations
+    from surgery.app.safe_hydra import check_hydra
+    from surgery.app.safe_logging import check_formats
 
-
-def _readable(node: Any) -> Any:
-    """A config node as plain values, each resolved where it can be now and left as its text where not."""
-    if isinstance(node, DictConfig):
-        return {str(k): _readable(_value(node, k)) for k in node.keys()}
-    if OmegaConf.is_list(node):
-        return [_readable(_value(node, i)) for i in range(len(node))]
-    return node
-
-
-def _value(node: Any, key: Any) -> Any:
-    try:
-        return node[key]
-    except Exception:  # noqa: BLE001 - e.g. hydra.runtime is filled in later: keep the text
-        return str(node._get_node(key)._value())
-
-
-def _check_log_node(node: Any, where: str) -> None:
-    allowed = f"safe=true admits only {', '.join(SAFE_LOG_CLASSES)} and {' or '.join(SAFE_LOG_STREAMS)} there"
-    if isinstance(node, dict):
-        for key, value in node.items():
-            at = f"{where}.{key}"
-            if key in ("()", "."):
-                raise ConfigError(f"{at}: a logging factory or property can run any code; {allowed}")
-            if key == "class" and value not in SAFE_LOG_CLASSES:
-                raise ConfigError(f"{at}: {value!r} is not allowed; {allowed}")
-            _check_log_node(value, at)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            _check_log_node(value, f"{where}[{i}]")
-    elif isinstance(node, str) and node.startswith("ext://") and node not in SAFE_LOG_STREAMS:
-        raise ConfigError(f"{where}: {node!r} imports a module; {allowed}")
+    safe = safe_in(config)
+    check_interpolations(OmegaConf.to_container(config, resolve=False, enum_to_str=True), safe)
+    check_formats(config)
+    if safe:
+        check_hydra(config, list(overrides), multirun)
 
 
 def _guard_configure(configure: Any) -> Any:
-    """Wrap Hydra's ``configure_log``: under safe mode, check the logging config resolved, just before it is applied."""
+    """Wrap Hydra's ``configure_log``: under safe mode check the logging config resolved, just before it is applied;
+    a logging config that logging itself refuses is bad input (one line), safe or not."""
 
     def configure_log(log_config: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(log_config, DictConfig) and safe_in(log_config._get_root()):
-            where = log_config._get_full_key(None) or "hydra logging"
-            try:
-                _check_log_node(OmegaConf.to_container(log_config, resolve=True), where)
-            except SurgeryError as e:
-                refuse(str(e))
-        return configure(log_config, *args, **kwargs)
+        where = "hydra logging"
+        if isinstance(log_config, DictConfig):
+            where = log_config._get_full_key(None) or where
+            if safe_in(log_config._get_root()):
+                _check_resolved_logging(log_config, where)
+        try:
+            return configure(log_config, *args, **kwargs)
+        except (ValueError, TypeError, AttributeError, ImportError, OSError) as e:
+            cause = e.__cause__ or e
+            refuse(f"{where}: logging cannot be configured from it ({type(cause).__name__}: {cause})")
 
     return configure_log
 
 
+def _check_resolved_logging(log_config: DictConfig, where: str) -> None:
+    from surgery.app.safe_logging import check_log_files, check_log_node
+
+    try:
+        resolved = OmegaConf.to_container(log_config, resolve=True)
+        check_log_node(resolved, where, files=where.endswith("job_logging"))
+        run_dir = OmegaConf.select(log_config._get_root(), "hydra.runtime.output_dir", default=None)
+        if run_dir is None and isinstance(resolved, dict) and resolved.get("handlers"):
+            run_dir = "."
+        check_log_files(resolved, where, Path(str(run_dir)))
+    except SurgeryError as e:
+        refuse(str(e))
+
+
+def _searchpath_first(self: Any, load: Any, config_name: Any, overrides: list[str], run_mode: Any) -> None:
+    """Under safe mode, refuse a ``pkg://`` search path before Hydra reads it (reading it imports the package).
+
+    Whether the run is safe is read from a composition without those entries; where that cannot be
+    composed, from the command line and the primary config.
+    """
+    from surgery.app.safe_hydra import check_search_entry
+
+    typed = [o for o in overrides if o.partition("=")[0].lstrip("+") == "hydra.searchpath"]
+    entries = _search_entries(self, config_name, typed)
+    imports = [(i, e) for i, e in enumerate(entries) if "://" in e and not e.startswith("file://")]
+    if not imports:
+        return
+    files = ",".join(repr(e) for e in entries if "://" not in e or e.startswith("file://"))
+    kept = [o for o in overrides if o not in typed]
+    try:
+        safe = safe_in(load(self, config_name, [*kept, f"hydra.searchpath=[{files}]"], run_mode, False, False))
+    except Exception:  # noqa: BLE001 - e.g. the experiment is only in that package: the command line decides
+        said = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "safe"]
+        safe = said[-1] not in ("false", "False", "0", "null") if said else False
+    if safe:
+        index, entry = imports[0]
+        try:
+            check_search_entry(entry, f"hydra.searchpath[{index}]")
+        except SurgeryError as e:
+            refuse(str(e))
+
+
+def _search_entries(self: Any, config_name: Any, typed: list[str]) -> list[str]:
+    """The search path Hydra is about to read: the command line's ``hydra.searchpath``, else the primary config's."""
+    try:
+        if typed:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            value = OverridesParser.create().parse_overrides(typed[-1:])[0].value()
+        else:
+            primary = self.repository.load_config(config_name) if config_name else None
+            value = OmegaConf.select(primary.config, "hydra.searchpath", default=None) if primary else None
+        return [str(e) for e in value] if isinstance(value, list) or OmegaConf.is_list(value) else []  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - Hydra says what is wrong with it
+        return []
+
+
 def _guard_composed(load: Any) -> Any:
-    """Wrap ``ConfigLoaderImpl.load_configuration``: safe mode's checks run on every composed config."""
+    """Wrap ``ConfigLoaderImpl.load_configuration``: :func:`check_composed` runs on every composed config."""
 
-    def load_configuration(self: Any, *args: Any, **kwargs: Any) -> DictConfig:
-        config = load(self, *args, **kwargs)
-        if safe_in(config):
-            from surgery.core.callables import check_callbacks
-
-            try:
-                check_logging(config)
-                try:
-                    callbacks = OmegaConf.to_container(OmegaConf.select(config, "hydra.callbacks"), resolve=True)
-                except Exception:  # noqa: BLE001
-                    raise ConfigError("hydra.callbacks: cannot be read, so safe=true cannot check it") from None
-                check_callbacks(callbacks, safe=True)
-            except SurgeryError as e:
-                refuse(str(e))
+    def load_configuration(
+        self: Any,
+        config_name: Any,
+        overrides: list[str],
+        run_mode: Any,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        _searchpath_first(self, load, config_name, list(overrides), run_mode)
+        config = load(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+        try:
+            check_composed(config, list(overrides), multirun=getattr(run_mode, "name", "") == "MULTIRUN")
+        except SurgeryError as e:
+            refuse(str(e))
+        except RecursionError:
+            refuse(NESTED_TOO_DEEPLY)
         return config
 
     return load_configuration
@@ -199,6 +246,17 @@ def _patch_overrides(apply: Any) -> Any:
 
 def _message(error: Exception) -> str | None:
     """Our words for a Hydra composition error a new user meets, or None to leave Hydra's."""
+    if isinstance(error, RecursionError) or isinstance(error.__cause__, RecursionError):
+        return NESTED_TOO_DEEPLY
+    for found in (error, error.__cause__, error.__context__):
+        if isinstance(found, SurgeryError):  # our own check inside Hydra's loading (a config file's YAML)
+            return str(found)
+    if isinstance(error, OSError):  # Hydra creating the run directory or writing .hydra/ into it
+        where = f"{error.filename}: " if error.filename else ""
+        return (
+            f"{where}cannot write the run directory there ({error.strerror or error}); choose another with"
+            " hydra.run.dir=DIR (hydra.sweep.dir=DIR with -m)"
+        )
     text = str(error)
     for missing, extra in PLUGIN_EXTRAS.items():
         if f"Could not find '{missing}'" in text:
@@ -262,6 +320,9 @@ def install() -> None:
     import hydra._internal.utils as hydra_utils
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
+    from surgery.app import yaml_guard
+
+    yaml_guard.install()  # YAML alias bombs and deep nesting refused as each file is read
     if getattr(ConfigLoaderImpl.load_configuration, "surgery_hook", False):
         return
     load = _guard_composed(ConfigLoaderImpl.load_configuration)
