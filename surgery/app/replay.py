@@ -13,6 +13,10 @@ Where a fingerprint differs, replay also says by how much, from the tensors both
 ``output`` from ``output.safetensors`` (batch 0's output), ``state_dict_after`` from
 ``model.safetensors`` (``save_model=true``), and the captures from ``captures.safetensors``;
 and it names what differs in the environment (CPU, its vector capability, torch, python, device).
+
+A run directory may come from someone else, so its config runs under ``safe=true`` whatever it says
+(docs/sharing.md): its resolvers, ``_target_`` nodes and sizes are checked before anything runs.
+``--trust`` runs it as saved. The ``config`` fingerprint compared is the saved config's own.
 """
 
 from __future__ import annotations
@@ -145,21 +149,35 @@ def environment_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return changes
 
 
-def replay(run_dir: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run the saved config of ``run_dir`` into ``out_dir``; the old and the new reports.
+def untrusted(cfg: DictConfig) -> DictConfig:
+    """The saved config as replay runs it without ``--trust``: checked as safe mode checks a composed config, and
+    with ``safe: true`` whatever the file says."""
+    from surgery.app.interpolations import check_interpolations
+
+    check_interpolations(OmegaConf.to_container(cfg, resolve=False), safe=True)
+    forced = cfg.copy()
+    forced.safe = True
+    return forced
+
+
+def replay(run_dir: Path, out_dir: Path, trust: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the saved config of ``run_dir`` into ``out_dir`` (under safe=true unless ``trust``); both reports.
 
     The job's own prints (plan table, summary line) go to stderr, so stdout holds the comparison.
     """
     from surgery.app.job import run_job
+    from surgery.app.report import fingerprint
 
     cfg, old = load_run(run_dir)
     with contextlib.redirect_stdout(sys.stderr):
-        report = run_job(cfg, out_dir)
+        report = run_job(cfg if trust else untrusted(cfg), out_dir)
+    if not trust and isinstance(report.get("fingerprints"), dict):  # the saved config's, not the forced copy's
+        report["fingerprints"]["config"] = fingerprint(OmegaConf.to_container(cfg, resolve=True))
     return old, report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m surgery.app.replay RUN_DIR [--out DIR]``: 0 all identical, 1 any different, 2 bad input."""
+    """``python -m surgery.app.replay RUN_DIR [--out DIR] [--trust]``: 0 all identical, 1 any different, 2 bad input."""
     parser = argparse.ArgumentParser(
         prog="python -m surgery.app.replay",
         description="Re-run RUN_DIR/.hydra/config.yaml and compare every fingerprint with RUN_DIR/report.json."
@@ -167,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory holding report.json and .hydra/")
     parser.add_argument("--out", default=None, help="write the new run here (default: a temporary directory)")
+    parser.add_argument(
+        "--trust", action="store_true", help="run the saved config as it is, not under safe=true (only if you trust it)"
+    )
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     if args.out is not None and Path(args.out).resolve() == run_dir.resolve():
@@ -175,14 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="surgery-replay-"))
     keep = args.out is not None
     try:
-        old_report, new_report = replay(run_dir, out_dir)
-    except (ReplayError, SurgeryError, OmegaConfBaseException) as e:
+        old_report, new_report = replay(run_dir, out_dir, trust=args.trust)
+    except (ReplayError, SurgeryError, OmegaConfBaseException, RecursionError) as e:
+        from surgery.app.hydra_hooks import NESTED_TOO_DEEPLY, printable
+
+        text = NESTED_TOO_DEEPLY if isinstance(e, RecursionError) else str(e)
         hint = ""
-        if isinstance(e, SurgeryError) and "does not exist" in str(e):
+        if isinstance(e, SurgeryError) and "does not exist" in text:
             hint = " (relative paths are read from the current directory: start replay where the run started)"
         elif isinstance(e, OmegaConfBaseException):
             hint = " (an interpolation the saved config cannot resolve without Hydra's runtime?)"
-        print(f"error: {e}{hint}", file=sys.stderr)
+        elif not args.trust and ("safe=true" in text or "limits." in text):
+            hint = " (replay runs a saved config under safe=true; if you trust RUN_DIR, --trust runs it as saved)"
+        print(f"error: {printable(text + hint)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception:
         traceback.print_exc()
