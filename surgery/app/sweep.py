@@ -28,6 +28,7 @@ from surgery.files.write import write_atomic
 DEFAULT_METRIC = "difference.max_abs"
 METRICS = ("difference.max_abs", "difference.mean_abs", "difference.mse", "difference.kl", "output.mean", "output.std")
 FINGERPRINT_CHARS = 12
+MAX_REPORT_BYTES = 64 * 2**20  # a report.json is kilobytes; a bigger file is not one
 
 
 def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
@@ -48,13 +49,39 @@ def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
         raise SweepError(_no_reports_message(root))
     jobs = []
     for d in sorted(dirs, key=_job_order):
-        report_file = d / "report.json"
-        try:
-            report = json.loads(report_file.read_text()) if report_file.is_file() else None
-        except (OSError, ValueError) as e:
-            raise SweepError(f"{report_file}: not a readable report ({e})") from None
+        report = read_report(d / "report.json")
         jobs.append({"job": d.name, "dir": str(d), "overrides": read_overrides(d), "report": report})
     return jobs
+
+
+def read_report(report_file: Path) -> dict[str, Any] | None:
+    """A job's ``report.json`` as a dict, None when it wrote none; a file that is not a report is a SweepError.
+
+    A sweep directory may come from someone else: the file is size-checked, must hold a JSON object,
+    and what the summary reads from it (``mode``, ``metrics``) must have the report's shapes.
+    """
+    if not report_file.is_file():
+        return None
+    try:
+        if report_file.stat().st_size > MAX_REPORT_BYTES:
+            raise SweepError(
+                f"{report_file}: {report_file.stat().st_size:,} bytes, not a report (at most {MAX_REPORT_BYTES:,})"
+            )
+        report = json.loads(report_file.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise SweepError(f"{report_file}: not a readable report ({why})") from None
+    if not isinstance(report, dict):
+        raise SweepError(f"{report_file}: not a report (a JSON object expected, found {type(report).__name__})")
+    if not isinstance(report.get("mode", "run"), str):
+        raise SweepError(f"{report_file}: not a report (mode is a {type(report['mode']).__name__}, not a name)")
+    for model in ("surgered", "unmodified", "delta"):
+        found = lookup(report, f"metrics.{model}")
+        if found is not None and not isinstance(found, dict):
+            raise SweepError(f"{report_file}: not a report (metrics.{model} is a {type(found).__name__}, not a table)")
+    if report.get("metrics") is not None and not isinstance(report["metrics"], dict):
+        raise SweepError(f"{report_file}: not a report (metrics is a {type(report['metrics']).__name__}, not a table)")
+    return report
 
 
 def read_overrides(job_dir: Path) -> dict[str, str]:
@@ -62,7 +89,12 @@ def read_overrides(job_dir: Path) -> dict[str, str]:
     path = job_dir / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return {}
-    lines = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or []
+    try:
+        lines = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or []
+    except Exception as e:  # noqa: BLE001 - YAML or OmegaConf refusing the file: it is not Hydra's
+        raise SweepError(f"{path}: not Hydra's list of overrides ({type(e).__name__})") from None
+    if not isinstance(lines, list):
+        raise SweepError(f"{path}: not Hydra's list of overrides (found a {type(lines).__name__})")
     overrides: dict[str, str] = {}
     for line in lines:
         name, sep, value = str(line).partition("=")
@@ -278,8 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         jobs = collect(args.dir)
         written = write_collected(Path(args.dir), jobs, args.metric, args.x, plot=not args.no_plot)
-    except SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (SweepError, RecursionError) as e:
+        from surgery.app.hydra_hooks import printable
+
+        why = str(e) if isinstance(e, SweepError) else f"{args.dir}: a report nested too deeply to summarise"
+        print(f"error: {printable(why)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     missing = [job["job"] for job in jobs if job["report"] is None]
     note = f" ({len(missing)} without a report: {', '.join(missing)})" if missing else ""
