@@ -167,7 +167,7 @@ def surgered_run(
     original_loss = job.losses.pop() if job.losses else None  # the unmodified model's, batch 0
     model.zero_grad(set_to_none=True)
     text = job.data.text is not None
-    scoring = Scoring(job.metrics, model, job.plan, text) if job.metrics else None  # a copy, if any, is made now
+    scoring = Scoring(job.metrics, model, job.plan, text, settings.compare) if job.metrics else None  # a copy, if any
 
     clock = time.perf_counter()
     surgery = apply_plan(model, job.plan, verify=True)

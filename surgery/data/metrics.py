@@ -3,6 +3,8 @@
 A metric sees the model's logits, the labels (or None) and the unmodified model's logits on the same
 batch (the reference). ``agreement`` and ``kl`` compare with the reference; the unmodified model
 compared with itself scores 1 and 0, so every metric has a value for both models and a delta.
+Without a comparison (``compare=false``) only metrics that need no reference are computed, for the
+surgered model alone.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Metric:
     labels: bool  # needs labels
     batch: Batch
     finish: Callable[[float], float] | None = None
+    reference: bool = False  # compares with the unmodified model's logits (so needs compare=true)
 
 
 METRICS: Registry[Metric] = Registry("metric")
@@ -40,12 +43,12 @@ DEFAULT_UNLABELLED = ("agreement", "kl")
 
 
 def metric(
-    name: str, doc: str, labels: bool, finish: Callable[[float], float] | None = None
+    name: str, doc: str, labels: bool, finish: Callable[[float], float] | None = None, reference: bool = False
 ) -> Callable[[Batch], Batch]:
     """Register ``fn`` as metric ``name``."""
 
     def register(fn: Batch) -> Batch:
-        METRICS.register(name)(Metric(name, doc, labels, fn, finish))
+        METRICS.register(name)(Metric(name, doc, labels, fn, finish, reference))
         return fn
 
     return register
@@ -84,7 +87,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Te
     return float(F.cross_entropy(z, y, reduction="sum")), len(z)
 
 
-@metric("agreement", "share of examples whose argmax equals the unmodified model's", labels=False)
+@metric("agreement", "share of examples whose argmax equals the unmodified model's", labels=False, reference=True)
 def _agreement(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
     z, _ = rows(logits)
     if logits is reference:  # the unmodified model against itself: every example agrees
@@ -93,7 +96,7 @@ def _agreement(logits: torch.Tensor, labels: torch.Tensor | None, reference: tor
     return float((z.argmax(-1) == r.argmax(-1)).sum()), len(z)
 
 
-@metric("kl", "mean KL(unmodified ‖ surgered) of the softmax over classes", labels=False)
+@metric("kl", "mean KL(unmodified ‖ surgered) of the softmax over classes", labels=False, reference=True)
 def _kl(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tensor) -> tuple[float, int]:
     z, _ = rows(logits)
     if logits is reference:  # KL of a distribution with itself is exactly 0 (log p - log p)
@@ -104,11 +107,12 @@ def _kl(logits: torch.Tensor, labels: torch.Tensor | None, reference: torch.Tens
 
 
 def check_metrics(
-    names: Iterable[str | Metric] | None, labelled: bool, where: str = "metrics"
+    names: Iterable[str | Metric] | None, labelled: bool, where: str = "metrics", compare: bool = True
 ) -> tuple[str | Metric, ...]:
     """The metrics to compute (the default for the data when None); unknown or label-less ones refused.
 
     An entry is a registered name or a Metric bound to options (``surgery.lm.metrics.logit_diff``).
+    Without ``compare`` (the surgered model alone) a metric that compares with the unmodified model is refused.
     """
     if names is None:
         return DEFAULT_LABELLED if labelled else DEFAULT_UNLABELLED
@@ -122,6 +126,11 @@ def check_metrics(
             raise ConfigError(
                 f"{where}[{i}]: {name!r} needs labels and this input has none; use agreement or kl,"
                 " or an input with labels (a dataset with y_key)"
+            )
+        if found.reference and not compare:
+            raise ConfigError(
+                f"{where}[{i}]: {name!r} compares with the unmodified model, which compare=false does not run;"
+                " set compare=true or leave it out (metrics of the surgered model alone: accuracy, top5, loss, ...)"
             )
     return chosen
 
@@ -156,8 +165,11 @@ class Scores:
         return out
 
 
-def metrics_dict(surgered: Mapping[str, float] | None, unmodified: Mapping[str, float]) -> dict[str, Any]:
-    """``{"surgered", "unmodified", "delta"}`` as report.json holds them; only ``unmodified`` without surgery."""
+def metrics_dict(surgered: Mapping[str, float] | None, unmodified: Mapping[str, float] | None) -> dict[str, Any]:
+    """``{"surgered", "unmodified", "delta"}`` as report.json holds them; only ``unmodified`` without surgery,
+    only ``surgered`` without a comparison (``compare=false``)."""
+    if unmodified is None:
+        return {"surgered": dict(surgered or {})}
     if surgered is None:
         return {"unmodified": dict(unmodified)}
     delta = {k: surgered[k] - unmodified[k] for k in surgered}
