@@ -147,6 +147,11 @@ def compile_plan(
             raise ConfigError(f"{where}.kind: every action needs a kind; kinds: {', '.join(KINDS.names())}")
         kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
         cfg = validate(kind.schema, node, where)
+        if getattr(cfg, "passes", "both") == "main" and kind.mechanism in ("apply pass", "state-dict hook"):
+            raise ConfigError(
+                f"{where}.passes: 'main' needs hooks that run in a pass; {kind.name} ({kind.mechanism}) changes the"
+                " model for every pass, the source pass too; drop passes or use passes: both"
+            )
         matched = _match(cfg, index, where, strict)
         ctx = BindContext(str(name), seed, strict, safe, model, ctx_added, flags, plan.steps)
         if not cfg.enabled:
@@ -179,21 +184,32 @@ def ddp_warnings(root: nn.Module, steps: list[Step]) -> list[str]:
 
 
 def overlap_warnings(steps: list[Step]) -> list[str]:
-    """Modules where a changing hook shares the module with other hooks: they run in plan order."""
+    """Modules where a changing hook shares the module with other hooks: they run in plan order.
+
+    A capture that a later action on the same module reads (``from: {capture: NAME}``, a patch) is left out:
+    it must record before the change, and the plan already refuses it listed after its reader.
+    """
     by_module: dict[str, list[Step]] = {}
     for step in steps:
         if step.enabled and step.mechanism not in ("apply pass", "state-dict hook"):  # hooks that run in a call
             for target in step.targets:
                 by_module.setdefault(target.name, []).append(step)
-    shared = {
-        name: [s.name for s in found]
-        for name, found in by_module.items()
-        if len(found) > 1 and any(not s.traits.observes for s in found)  # observers alone cannot disagree
-    }
+    shared = {}
+    for name, found in by_module.items():
+        sources = {read for s in found for read in _reads(s)}
+        found = [s for s in found if s.name not in sources]  # order fixed by what reads them
+        if len(found) > 1 and any(not s.traits.observes for s in found):  # observers alone cannot disagree
+            shared[name] = [s.name for s in by_module[name]]
     lines = [f"{name}: {' → '.join(actions)} (hooks run in this order)" for name, actions in list(shared.items())[:5]]
     if len(shared) > 5:
         lines.append(f"… and {len(shared) - 5} more modules with several actions")
     return lines
+
+
+def _reads(step: Step) -> tuple[str, ...]:
+    """The earlier actions whose records ``step`` reads as its source (``from: {capture: NAME}``)."""
+    source = getattr(step.config, "from_", None)
+    return (str(source["capture"]),) if isinstance(source, Mapping) and "capture" in source else ()
 
 
 _NUMBER_SEGMENT = re.compile(r"(?<![^.\n])\d+(?![^.\n])")  # a whole dot-separated segment of digits
