@@ -10,6 +10,7 @@ from surgery.actions.base import APPLY_PASS, KINDS, BindContext, Kind, Step
 from surgery.actions.sharded import DDP_ADVICE
 from surgery.core.callables import instantiate_node
 from surgery.core.ledger import Ledger
+from surgery.core.limits import check_built
 from surgery.core.schema import ReplaceModuleAction
 from surgery.core.select import ROOT, Target
 from surgery.errors import ConfigError
@@ -41,6 +42,9 @@ class ReplaceModule(Kind):
         by_parent: dict[int, list[tuple[str, str, nn.Module, nn.Module]]] = {}  # parent -> (name, attr, old, new)
         replaced: list[Target] = []
         names = [t.name for t in targets]
+        if targets:  # under limits.memory_gb: one built on meta first, then refused if every copy would not fit
+            check_built(lambda: instantiate_node(cfg.with_, f"{ctx.where}.with", ctx.safe), f"{ctx.where}.with",
+                        str(cfg.with_.get("_target_")), copies=len(targets))  # fmt: skip
         for target in targets:
             if target.name == ROOT:
                 raise ConfigError(f"{ctx.where}.select: the root module has no parent to be replaced in")

@@ -27,6 +27,7 @@ from surgery.actions.base import (
 from surgery.actions.init import check_fits, fill_
 from surgery.actions.sharded import DDP_ADVICE, is_dtensor
 from surgery.core.ledger import Ledger
+from surgery.core.limits import check_memory
 from surgery.core.schema import INIT_METHODS, AddBufferAction, AddParameterAction, FreezeAction
 from surgery.core.select import Target
 from surgery.errors import ConfigError
@@ -100,10 +101,15 @@ class AddTensor(Kind):
                 shape, dtype = like.shape, like.dtype
             else:
                 shape = tuple(cfg.shape)
+                size = math.prod(shape) * dtype.itemsize * len(targets)  # one per selected module, before any exists
+                check_memory(size, f"{ctx.where}.shape", f"{len(targets):,} × {list(shape)} {str(dtype)[6:]}")
                 _check_size(shape, dtype, device, ctx)
             check_fits(cfg.init, shape, dtype, f"{ctx.where}.init.method ({full_name(target, cfg.name)})")
             plans[id(module)] = (target, shape, dtype, device)
             ctx.added.setdefault(id(module), {})[cfg.name] = TensorSpec(shape, dtype, self.tensor_kind)
+        if cfg.like is not None:
+            copied = sum(math.prod(shape) * dtype.itemsize for _target, shape, dtype, _device in plans.values())
+            check_memory(copied, f"{ctx.where}.like", f"{len(plans):,} copies of the shape of {cfg.like}")
         root, action, seed = ctx.root, ctx.name, ctx.seed
         register = self.register
 

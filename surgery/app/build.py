@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from surgery.core.callables import check_targets, instantiate_reason
+from surgery.core.limits import check_built
 from surgery.core.schema import RunSettings, validate
 from surgery.errors import ConfigError, SurgeryError, did_you_mean
 from surgery.files.checkpoints import load_checkpoint
@@ -75,6 +76,8 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
     build = {k: v for k, v in node.items() if k not in MODEL_EXTRAS}
     meta = device.type == "meta"
     _freeze_once()
+    if not meta:  # under limits.memory_gb: built on meta first, so a huge one is refused before allocating
+        check_built(lambda: instantiate(build), "model", target)
     try:
         if meta:  # every tensor is made on meta from the start: shapes and dtypes, never values or memory
             with torch.device("meta"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from surgery.actions.base import generator_for
+from surgery.core.limits import check_count, check_memory
 from surgery.data.loader import DatasetInput
 from surgery.errors import ConfigError
 from surgery.files.tensors import read_input_file
@@ -51,6 +53,7 @@ def batch_count(spec: Mapping[str, Any]) -> int:
         raise ConfigError(f"input.batches: must be a positive int (1 or more), got {batches!r}")
     if batches > 1 and (spec.get("kind") or "random") == "file":
         raise ConfigError("input.batches: a file input is one batch; drop input.batches or use kind random")
+    check_count(batches, "input.batches", "batches")
     return batches
 
 
@@ -63,6 +66,7 @@ def make_inputs(
         raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
     kind = spec.get("kind") or "random"
     shapes = _shapes(spec)
+    _check_input_memory(kind, shapes, dtype, "input.shapes" if spec.get("shapes") is not None else "input.shape")
     if spec.get("seed") is not None:  # a different input for the same model, e.g. for patching
         seed = int(spec["seed"])
     stream = "input" if batch == 0 else f"input/{batch}"  # batch 0 is what a one-batch run sees
@@ -101,6 +105,15 @@ def make_inputs(
         image = render_digit(digit, size=side, seed=seed + batch)[..., top : top + h, left : left + w]
         return (image.expand(n, c, h, w).contiguous().to(device=device, dtype=dtype),)
     raise ConfigError(f"input.kind: {kind!r} is not one of {', '.join(INPUT_KINDS)}")
+
+
+def _check_input_memory(kind: str, shapes: list[list[int]], dtype: torch.dtype, key: str) -> None:
+    """Refuse, before drawing, an input larger than ``limits.memory_gb``: what each kind holds while it is made."""
+    if kind not in ("random", "tokens", "digit"):
+        return  # a file's size is checked as it is read (surgery/files)
+    elements = sum(math.prod(s) for s in shapes)
+    made = {"random": 4 + dtype.itemsize, "tokens": 8, "digit": dtype.itemsize}[kind]  # random: float32, then dtype
+    check_memory(elements * made, key, f"{elements:,} elements of {kind} input")
 
 
 def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:

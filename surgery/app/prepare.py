@@ -24,6 +24,7 @@ from surgery.app.build import (
 from surgery.app.interrupt import Interrupts
 from surgery.app.scoring import metric_names
 from surgery.core.compiler import Plan, compile_plan, load_actions
+from surgery.core.limits import check_count
 from surgery.core.output import say
 from surgery.core.schema import RunSettings
 from surgery.data.metrics import Metric
@@ -76,6 +77,7 @@ def prepare(cfg: DictConfig) -> Job | None:
     seed_everything(settings.seed)
     device = resolve_device(settings.device)
     actions = load_actions(cfg.get("actions"))
+    check_count(len(actions), "actions", "actions")
     load_late = bool(cfg.model.get("checkpoint")) and any(
         isinstance(a, Mapping) and a.get("kind") == "on_load" and a.get("enabled", True) for a in actions.values()
     )

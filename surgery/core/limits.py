@@ -9,13 +9,16 @@ guards, and a refusal names the key that asked and the setting that would admit 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from surgery.errors import ConfigError
 
 GB = 2**30
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def check_disk(nbytes: float, written: float, key: str) -> None:
 
 
 def charge_disk(nbytes: float, key: str) -> None:
-    """Count ``nbytes`` the run is about to write against ``limits.disk_gb`` (see :func:`check_disk`), before writing."""
+    """Count ``nbytes`` the run is about to write against ``limits.disk_gb`` (:func:`check_disk`), before writing."""
     written = _WRITTEN.get(None)
     check_disk(nbytes, written[0] if written else 0.0, key)
     if written is not None:
@@ -82,12 +85,98 @@ def charge_disk(nbytes: float, key: str) -> None:
 
 def check_count(count: int, key: str, what: str) -> None:
     """Refuse ``count`` of ``what`` asked for at ``key`` when more than ``limits.count``."""
+    refused = count_refusal(count, what)
+    if refused is not None:
+        raise ConfigError(f"{key}: {refused}")
+
+
+def count_refusal(count: int, what: str) -> str | None:
+    """Why ``count`` of ``what`` is refused (the message after the key), or None when within ``limits.count``."""
     bound = active().count
-    if bound is not None and count > bound:
-        raise ConfigError(
-            f"{key}: {count:,} {what} are more than limits.count={bound};"
-            f" if that is meant, raise it: limits.count={count}"
-        )
+    if bound is None or count <= bound:
+        return None
+    return f"{count:,} {what} are more than limits.count={bound}; if that is meant, raise it: limits.count={count}"
+
+
+def check_built(build: Callable[[], T], key: str, what: str, copies: int = 1) -> None:
+    """Refuse, before building for real, what ``build()`` would allocate (``copies`` times) past ``limits.memory_gb``.
+
+    Under a memory bound ``build`` is called once under ``torch.device("meta")``, where tensors have shapes but no
+    storage, and the bytes of the tensors it holds (a module's parameters, buffers and tensor attributes, or a
+    tensor) are counted; more modules than ``limits.count`` stop it early, so a deep model is bounded in time too.
+    Random states are restored afterwards, so the real build draws exactly what it would have. A build that cannot
+    run on meta (it reads values) is not measured. Without a memory bound nothing is called.
+    """
+    limits = active()
+    if limits.memory_gb is None:
+        return
+    measured = _measure_on_meta(build, key, limits.count)
+    if measured is not None:
+        nbytes, modules = measured
+        many = f"{copies:,} × " if copies > 1 else ""
+        count = f", {modules:,} modules" if modules > 1 else ""
+        check_memory(nbytes * copies, key, f"{many}{what}: {nbytes / GB:.3g} GB of tensors{count}")
+
+
+class _TooManyModulesError(Exception):
+    """Raised from inside a meta build that registered more modules than ``limits.count``."""
+
+
+def _measure_on_meta(build: Callable[[], Any], key: str, most: int | None) -> tuple[int, int] | None:
+    import random
+
+    import numpy as np
+    import torch
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    made = [0]
+
+    def count(module: Any, name: str, submodule: Any) -> None:
+        made[0] += 1
+        if most is not None and made[0] > most:
+            raise _TooManyModulesError
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    handle = register_module_module_registration_hook(count)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. a checkpoint copied into meta parameters: a no-op, said per tensor
+            built = build()
+    except Exception as e:  # noqa: BLE001 - Hydra wraps what the constructor raised; ours is inside
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, _TooManyModulesError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise ConfigError(
+                f"{key}: builds more than {most:,} modules, more than limits.count={most}; if that is meant, raise"
+                f" it: limits.count={10 * (most or 0)}"
+            ) from None
+        return None  # reads values or wants a real device: built for real, unmeasured
+    finally:
+        handle.remove()
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+    return _tensor_bytes(built)
+
+
+def _tensor_bytes(built: Any) -> tuple[int, int]:
+    """Bytes of the distinct tensors ``built`` holds, and how many modules it is."""
+    import torch
+    from torch import nn
+
+    if isinstance(built, torch.Tensor):
+        return built.nelement() * built.element_size(), 1
+    if not isinstance(built, nn.Module):
+        return 0, 0
+    seen: dict[int, torch.Tensor] = {}
+    modules = 0
+    for module in built.modules():
+        modules += 1
+        own = [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]
+        for tensor in own:
+            if isinstance(tensor, torch.Tensor):
+                seen.setdefault(id(tensor), tensor)
+    return sum(t.nelement() * t.element_size() for t in seen.values()), modules
 
 
 def _above(value: float) -> str:

@@ -96,6 +96,9 @@ class RunSettings:
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)
         one_of("loss", self.loss, LOSSES)
+        if not -(2**63) <= self.seed < 2**63:  # torch.manual_seed takes 64 bits; more is a traceback deep inside it
+            text = str(self.seed) if self.seed.bit_length() <= 128 else f"a {self.seed.bit_length()}-bit int"
+            raise FieldError("seed", f"{text} is out of range: a seed is an int from -2**63 to 2**63-1")
         one_of("dtype", self.dtype, DTYPES)
         if not (self.device in ("cpu", "cuda", "auto", "meta") or self.device.startswith("cuda:")):
             raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N, auto or meta")

@@ -15,6 +15,7 @@ import torch
 from omegaconf import MISSING
 
 from surgery.core.calls import parse_calls
+from surgery.core.limits import count_refusal
 from surgery.errors import did_you_mean
 
 
@@ -46,6 +47,9 @@ def field_name(key: str) -> str:
 # ---------------------------------------------------------------- actions
 
 
+PASSES = ("both", "main")
+
+
 @dataclass
 class Action:
     """Keys every action has (SPEC §3)."""
@@ -56,8 +60,10 @@ class Action:
     exclude: Any = None  # name glob(s) removed from the match
     allow_empty: bool = False  # matching nothing is not an error
     enabled: bool = True  # false skips the action
+    passes: str = "both"  # main: the hooks act in the main pass only, not in a source pass (a causal trace's noise)
 
     def __post_init__(self) -> None:
+        one_of("passes", self.passes, PASSES)
         for key in ("select", "type", "exclude"):
             value = getattr(self, key)
             if value is None or isinstance(value, str):
@@ -79,6 +85,10 @@ class Hooked:
             parse_calls(self.calls)
         except ValueError as e:
             raise FieldError("calls", str(e)) from None
+        if isinstance(self.calls, (list, tuple)):
+            refused = count_refusal(len(self.calls), "call numbers")
+            if refused is not None:
+                raise FieldError("calls", refused)
 
 
 # torch functions `function:` can act on inside a module's forward (torch.X, torch.nn.functional.X and Tensor.X alike)

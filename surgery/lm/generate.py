@@ -24,6 +24,7 @@ from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.records import Record
 from surgery.data.evaluate import reference_model
+from surgery.core.limits import check_count
 from surgery.errors import ActionError, ConfigError
 from surgery.lm.text import TextBatch, pad_id
 
@@ -94,6 +95,7 @@ def generate_both(
         raise ConfigError(f"generate.max_new_tokens: a positive int, got {max_new_tokens!r}")
     options: dict[str, Any] = {
         **batch.kwargs(),
+    check_count(max_new_tokens, "generate.max_new_tokens", "new tokens")
         "max_new_tokens": max_new_tokens,
         "do_sample": bool(do_sample),
         "use_cache": use_cache,
