@@ -15,10 +15,13 @@ import math
 import numpy as np
 import torch
 
+from surgery.core.limits import check_memory
+
 Points = list[tuple[float, float]]
 
 GLYPH_HEIGHT = 18 / 28  # the pen line; with the pen's width the ink is ~20 px tall, as in MNIST
 GLYPH_WIDTH = 0.62  # of the glyph's height
+MAX_SEGMENTS = 100  # a bound on the pen segments of one digit (the busiest has 78)
 
 
 def _arc(cx: float, cy: float, rx: float, ry: float, start: float, end: float, n: int = 32) -> Points:
@@ -67,6 +70,8 @@ def render_digit(digit: int, size: int = 28, thickness: float = 2.4, seed: int =
         raise ValueError(f"size must be at least 8 pixels, got {size}")
     if not thickness > 0:
         raise ValueError(f"thickness must be a positive pen width in pixels, got {thickness}")
+    # every pixel's distance to every segment (about 100), in float64, a few arrays at once
+    check_memory(size * size * MAX_SEGMENTS * 2 * 8 * 3, "input.shape", f"drawing a {size}×{size} digit")
     # numpy, not torch: a few hundred tiny array ops, which torch's thread pool only slows down
     rng = np.random.default_rng([int(seed) % 2**64, digit])
     height = GLYPH_HEIGHT * size * rng.uniform(0.92, 1.04)

@@ -75,8 +75,8 @@ class HFRows(Dataset):
                 data = data.cast_column(key, Image(decode=False))
             elif _decoded(feature):
                 raise ConfigError(
-                    f"input.{which}: column {key!r} of {str(path)!r} is a {_decoded(feature)} column; a data set"
-                    " input reads arrays, numbers and Image columns"
+                    f"input.{which}: column {key!r} of {str(path)!r} holds {_decoded(feature)} values, which datasets"
+                    " would decode (and may fetch); a data set input reads arrays, numbers and plain Image columns"
                 )
         arrays = [k for k in self.keys if k not in self.images]
         self.data = data.with_format("torch", columns=arrays) if arrays else None

@@ -80,7 +80,7 @@ class ImageFolder(Dataset):
         ]
         if not self.files:
             raise ConfigError(f"input.path: {str(root)!r} holds no .png images in its class sub-folders")
-        self.shape = tuple(self._image(0).shape)
+        self.shape: tuple[int, ...] | None = None  # the first image read's; decoded with its batch, never before
 
     def _image(self, i: int) -> torch.Tensor:
         image = read_png(self.files[i][0], "input.path")
@@ -91,6 +91,7 @@ class ImageFolder(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         image = self._image(i)
+        self.shape = self.shape or tuple(image.shape)
         if tuple(image.shape) != self.shape:
             raise ConfigError(
                 f"input.path: images of mixed sizes: {str(self.files[i][0])!r} is {list(image.shape)}, the first"

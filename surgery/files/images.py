@@ -98,7 +98,7 @@ def open_image_bytes(data: bytes, key: str, where: str) -> tuple[object, int]:
 def decode_image(image: object, key: str, where: str) -> torch.Tensor:
     """A PIL image opened by :func:`open_image_bytes` as a C×H×W tensor (``datasets``' torch format)."""
     try:
-        array = np.asarray(image)
+        array = np.array(image)  # a writable copy: torch refuses to share a read-only buffer
     except Exception as e:  # noqa: BLE001 - a truncated or corrupt image fails only when decoded
         raise ConfigError(f"{key}: cannot decode {where} ({read_failure(e)})") from None
     if array.ndim == 2:

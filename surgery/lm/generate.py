@@ -13,8 +13,10 @@ captured), or on a copy of the model kept before applying when the plan changes 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,9 +24,9 @@ from torch import nn
 
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
+from surgery.core.limits import check_count
 from surgery.core.records import Record
 from surgery.data.evaluate import reference_model
-from surgery.core.limits import check_count
 from surgery.errors import ActionError, ConfigError
 from surgery.lm.text import TextBatch, pad_id
 
@@ -93,9 +95,9 @@ def generate_both(
     check_can_generate(model)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"generate.max_new_tokens: a positive int, got {max_new_tokens!r}")
+    check_count(max_new_tokens, "generate.max_new_tokens", "new tokens")
     options: dict[str, Any] = {
         **batch.kwargs(),
-    check_count(max_new_tokens, "generate.max_new_tokens", "new tokens")
         "max_new_tokens": max_new_tokens,
         "do_sample": bool(do_sample),
         "use_cache": use_cache,
@@ -106,7 +108,8 @@ def generate_both(
         if surgery.model is not model:
             raise ActionError("generate_both: this surgery was applied to another model")
         _refuse_weight_changes(surgery.plan)
-        after = _generate(model, options, seed)
+        with _capture_budget(surgery.plan):
+            after = _generate(model, options, seed)
         with surgery.paused():
             before = _generate(model, options, seed)
     else:
@@ -118,7 +121,8 @@ def generate_both(
         reference = reference_model(model, plan)
         surgery = apply_plan(model, plan)
         try:
-            after = _generate(model, options, seed)
+            with _capture_budget(plan):
+                after = _generate(model, options, seed)
             if reference is None:
                 with surgery.paused():
                     before = _generate(model, options, seed)
@@ -150,6 +154,51 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@contextlib.contextmanager
+def _capture_budget(plan: Plan) -> Iterator[None]:
+    """Each capture's ``max_bytes`` over the whole generation: every forward call adds what it records.
+
+    The plan's probe saw the prompt pass only; generating calls each module once more per new token,
+    so the bytes recorded are counted as they come and the run stops the first time one passes the bound.
+    """
+    sized = [
+        s
+        for s in plan.steps
+        if s.enabled and s.traits.sized and getattr(s.config, "max_bytes", None) is not None
+        and s.config.reduce == "none" and getattr(s.config, "keep", "all") == "all"
+    ]  # fmt: skip
+    held = dict.fromkeys((s.name for s in sized), 0)
+    handles = [
+        target.module.register_forward_hook(partial(_count_capture, held, step), with_kwargs=True)
+        for step in sized
+        for target in step.targets
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _count_capture(held: dict[str, int], step: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    want = step.config.what
+    found = (list(args) + list(kwargs.values()) if "input" in want else []) + ([output] if "output" in want else [])
+    held[step.name] += sum(t.nbytes for t in _tensors(found))
+    if held[step.name] > step.config.max_bytes:
+        raise ConfigError(
+            f"actions.{step.name}.max_bytes: under mode=generate the capture holds more than"
+            f" max_bytes={step.config.max_bytes} (every new token is another call); lower generate.max_new_tokens,"
+            " use reduce: mean|stats or keep: last, or select fewer modules"
+        )
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return [t for v in items for t in _tensors(v)]
 
 
 def _generate(model: nn.Module, options: dict[str, Any], seed: int) -> torch.Tensor:
