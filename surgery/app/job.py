@@ -23,7 +23,7 @@ from surgery.core.output import say
 from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
-from surgery.files.tensors import read_tensors
+from surgery.files.checkpoints import load_checkpoint
 from surgery.files.write import write_json, write_tensors
 
 
@@ -174,7 +174,7 @@ def surgered_run(
     job.timings["apply_s"] = time.perf_counter() - clock
     try:
         if job.load_late:
-            surgery.load_state_dict(read_tensors(Path(str(job.cfg.model.checkpoint)), "model.checkpoint"))
+            load_checkpoint(surgery.model, str(job.cfg.model.checkpoint), load=surgery.load_state_dict)  # ties too
         if job.source is not None:  # the clean run: captures record it, then become what from: capture reads
             with surgery.source_pass(), torch.no_grad():
                 model(*job.source.first.args, **job.source.first.kwargs)

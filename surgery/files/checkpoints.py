@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,11 +27,12 @@ def _weights_in(directory: Path) -> Path:
     )
 
 
-def load_checkpoint(model: torch.nn.Module, path: str | Path) -> None:
+def load_checkpoint(model: torch.nn.Module, path: str | Path, load: Callable[..., Any] | None = None) -> None:
     """Load a state_dict file strictly into ``model``; missing or unexpected keys are an error.
 
     ``path`` may be a ``save_pretrained`` directory (its model.safetensors is read). A key the file lacks
     is fine when its tensor is tied to one the file has (``save_pretrained`` omits GPT-2's ``lm_head.weight``).
+    ``load`` replaces ``model.load_state_dict`` (a surgery's, so that its ``on_load`` hooks run and remove undoes it).
     """
     path = Path(path)
     if path.is_dir():
@@ -46,7 +49,7 @@ def load_checkpoint(model: torch.nn.Module, path: str | Path) -> None:
     if misfits:
         more = f" (+{len(misfits) - 3} more)" if len(misfits) > 3 else ""
         raise ConfigError(f"model.checkpoint: {str(path)!r} does not fit the model: {'; '.join(misfits[:3])}{more}")
-    result = model.load_state_dict(state, strict=False)
+    result = (load or model.load_state_dict)(state, strict=False)
     tensors = model.state_dict(keep_vars=True)
     loaded = {(t.data_ptr(), t.shape) for key, t in tensors.items() if key in state}
     missing = [key for key in result.missing_keys if (tensors[key].data_ptr(), tensors[key].shape) not in loaded]
