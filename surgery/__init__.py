@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 import surgery.actions  # noqa: F401 - registers every action kind into surgery.core.steps.KINDS
+import surgery.study as _study_package  # noqa: F401 - loaded first, so the function study() below keeps the name
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError
@@ -59,6 +60,37 @@ def evaluate(
     return run_evaluation(model, data, actions, metrics, **options)
 
 
+def study(
+    model: nn.Module,
+    actions: Any,
+    grid: Any,
+    inputs: Any,
+    metrics: Any,
+    source: Any = None,
+    normalize: bool = False,
+    ci: float | None = None,
+    tokenizer: Any = None,
+    method: str = "patch",
+    steps: int | None = None,
+    verify_top: int | None = None,
+    **options: Any,
+) -> Any:
+    """Every cell of ``grid`` applied to ``model`` and scored per example; returns a ``StudyResult``.
+
+    >>> r = surgery.study(model, {"cap": {...}, "patch": {..., "index": "[:, {pos}]"}}, {"layer": "0:2", "pos": "all"},
+    ...                   corrupted_ids, [{"logit_diff": {"correct": " w44", "wrong": " w45"}}], source=clean_ids)
+    >>> r.mean["logit_diff"]        # [layers, positions]
+
+    ``options``: ``labels`` (for ``loss``/``accuracy`` on non-text inputs), ``n_boot``, ``seed``,
+    ``batch_size``, ``strict``, ``safe``. See docs/studies.md.
+    """
+    from surgery.study.run import check_method, run_study
+
+    check_method(method, steps, verify_top)
+    return run_study(model, actions, grid, inputs, metrics, source=source, normalize=normalize, ci=ci,
+                     tokenizer=tokenizer, **options)  # fmt: skip
+
+
 def apply(model: nn.Module, plan_or_actions: Any, **plan_options: Any) -> Surgery:
     """Apply a plan (or compile ``actions`` first) all-or-nothing; returns a removable Surgery."""
     return apply_plan(model, plan_or_actions, **plan_options)
@@ -74,5 +106,6 @@ __all__ = [
     "apply",
     "evaluate",
     "plan",
+    "study",
     "__version__",
 ]

@@ -230,6 +230,7 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
         if not step.enabled:
             continue
         try:
+            ledger.main_only = getattr(step.config, "passes", "both") == "main"
             step.apply(ledger)
         except BaseException as e:
             where = ledger.where
@@ -240,6 +241,8 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
                 f"actions.{step.name}: failed on {where!r}: {type(e).__name__}: {str(e).rstrip('.')}."
                 " Nothing was changed."
             ) from e
+        finally:
+            ledger.main_only = False
     surgery = Surgery(model, plan, ledger, before)
     _ACTIVE.setdefault(model, []).append(weakref.ref(surgery))
     return surgery

@@ -76,6 +76,11 @@ def _unhook(handle: RemovableHandle, owner: Any) -> None:
             setattr(owner, name, None)
 
 
+def _in_main_pass(ledger: Ledger, hook: Callable, *args: Any, **kwargs: Any) -> Any:
+    """A ``passes: main`` action's hook: acts outside a source pass; inside it returns None (changes nothing)."""
+    return None if ledger.sourcing else hook(*args, **kwargs)
+
+
 def _copy_back(tensor: torch.Tensor, old: torch.Tensor) -> None:
     with torch.no_grad():
         tensor.copy_(old)
@@ -110,6 +115,7 @@ class Ledger:
         self.streamed: set[str] = set()  # capture actions written to disk batch by batch
         self.plotted: set[str] = set()  # capture actions whose records are plotted
         self.sourcing = False  # inside Surgery.source_pass(): ops reading from: {capture} change nothing
+        self.main_only = False  # while applying a `passes: main` action: its hooks do nothing in a source pass
         self.counters: list[Any] = []  # call counters of hooks with `calls:` (calls.CallCounter), for reset_calls
         self.action = ""
         self.where = ""
@@ -133,6 +139,8 @@ class Ledger:
         """
         owner = getattr(register, "__self__", None)
         before = _lazy_state(owner) if owner is not None else {}
+        if self.main_only:
+            hook = partial(_in_main_pass, self, hook)
         handle = register(hook, *args, **kwargs)
         if owner is not None:
             _claim(owner, before)
