@@ -327,6 +327,7 @@ def install() -> None:
         return
     load = _guard_composed(ConfigLoaderImpl.load_configuration)
     load.surgery_hook = True
+    load.surgery_original = ConfigLoaderImpl.load_configuration  # tests compose without the checks
     ConfigLoaderImpl.load_configuration = load  # type: ignore[method-assign]
     apply = _patch_overrides(ConfigLoaderImpl._apply_overrides_to_config)
     ConfigLoaderImpl._apply_overrides_to_config = apply  # type: ignore[method-assign]

@@ -36,7 +36,8 @@ def check_interpolations(raw: Any, safe: bool) -> None:
     children: dict[Key, list[Key]] = {}
     _flatten(raw, (), values, children)
     refs: dict[Key, list[Key]] = {}
-    for key, value in values.items():
+    record = ("hydra", "overrides")  # Hydra's copy of the command line: name the key the override set first
+    for key, value in sorted(values.items(), key=lambda item: item[0][:2] == record):
         if isinstance(value, str) and "${" in value:
             refs[key] = _references(key, value, safe)
     _check_sizes(values, children, refs)

@@ -209,7 +209,7 @@ def _check_output_subdir(config: DictConfig, where: str, typed: set[str]) -> Non
 
 def _check_job(config: DictConfig, where: str, typed: set[str]) -> None:
     job = config.hydra.job
-    for key in job.keys():
+    for key in sorted(job.keys(), key=lambda k: k != "env_copy"):  # Hydra has copied env_copy into env_set
         at = f"{where}.{key}"
         if key not in JOB_KEYS:
             raise refused(at, resolved(config, at), "keys " + ", ".join(JOB_KEYS))
@@ -273,9 +273,8 @@ def _check_plugin(table: dict[str, dict[str, Callable[[Any], str | None]]], what
                 continue
             at = f"{where}.{key}"
             if key not in settings:
-                raise refused(
-                    at, node[key], f"keys {', '.join(settings) or 'none'} for {str(target).rsplit('.', 1)[1]}"
-                )
+                keys = f"the keys {', '.join(settings)}" if settings else "no keys besides _target_"
+                raise refused(at, node[key], f"{keys} for {str(target).rsplit('.', 1)[1]}")
             value = resolved(config, at)
             if (isinstance(value, Mapping) and key != "params" or isinstance(value, list)) and value:
                 raise refused(at, value, "a plain value; nested nodes (and the _target_ nodes in them) are not built")
