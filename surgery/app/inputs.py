@@ -52,9 +52,35 @@ def batch_count(spec: Mapping[str, Any]) -> int:
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:  # 0 is refused, never read as 1
         raise ConfigError(f"input.batches: must be a positive int (1 or more), got {batches!r}")
     if batches > 1 and (spec.get("kind") or "random") == "file":
-        raise ConfigError("input.batches: a file input is one batch; drop input.batches or use kind random")
+        raise ConfigError(f"input.batches: a file input is one batch; {as_dataset(spec)}")
     check_count(batches, "input.batches", "batches")
     return batches
+
+
+def as_dataset(spec: Mapping[str, Any]) -> str:
+    """How to run a file's examples in batches instead: the same file read as a data set, ready to paste."""
+    path = Path(str(spec.get("path")))
+    suffix = path.suffix.lower()
+    if suffix == ".png":
+        return "for many images, give a folder of class sub-folders of .png files: +input=dataset input.path=DIR"
+    extra = ""
+    if suffix != ".npy":  # an .npy is one array; a .pt/.safetensors names its arrays: the one the file input reads
+        key = spec.get("key") or _first_key(path)
+        extra = f" input.x_key={key} input.y_key=null"
+    return (
+        f"to run its examples in batches (input.batch_size rows each), read it as a data set instead of"
+        f" +input=file and drop input.batches: +input=dataset input.path={path}{extra}"
+    )
+
+
+def _first_key(path: Path) -> str:
+    """The tensor a file input reads from ``path`` when no key is given (its first), or NAME if unreadable."""
+    try:
+        from surgery.files.tensors import read_tensors
+
+        return next(iter(read_tensors(path, "input.path")))
+    except (ConfigError, StopIteration):
+        return "NAME"
 
 
 def make_inputs(

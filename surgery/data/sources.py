@@ -23,7 +23,14 @@ from surgery.core.tensors import owned
 from surgery.errors import ConfigError
 from surgery.files.images import png_decoded_bytes, read_png
 from surgery.files.paths import inside
-from surgery.files.tensors import SAFETENSORS_DTYPE_BYTES, npz_names, read_npz, read_tensors, safetensors_bytes
+from surgery.files.tensors import (
+    SAFETENSORS_DTYPE_BYTES,
+    npz_names,
+    read_npy,
+    read_npz,
+    read_tensors,
+    safetensors_bytes,
+)
 
 SPLITS = ("train", "test", "all")
 SPLIT_SEED = 0  # the digits split is fixed: the same test set in every run, whatever the run's seed
@@ -189,9 +196,12 @@ def local(path: Path, x_key: str, y_key: str | None, split: str) -> Dataset:
         return SafetensorsRows(path, x_key, y_key)
     if suffix in (".npz", ".pt", ".pth"):
         return whole_file(path, x_key, y_key)
+    if suffix == ".npy":  # one array of inputs, no labels: x_key and y_key do not apply
+        return TensorDataset(read_npy(path, "input.path"))
     raise ConfigError(
         f"input.path: {str(path)!r} is not a data set; give a folder of class sub-folders of .png images, an .npz,"
-        " .pt or .safetensors file with arrays x_key and y_key, or a `datasets` directory written by save_to_disk"
+        " .pt or .safetensors file with arrays x_key and y_key, an .npy array of inputs (unlabelled), or a"
+        " `datasets` directory written by save_to_disk"
     )
 
 
