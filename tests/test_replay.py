@@ -279,3 +279,63 @@ def test_replay_names_what_differs_in_the_environment(
     (run_dir / "report.json").write_text(json.dumps(report))
     assert replay.main([str(run_dir)]) == 0
     assert f"cpu: not recorded by the original run, now {now['cpu']!r}" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- a run directory from someone else
+
+
+def tampered(run_dir: Path, marker: Path, **changes: object) -> None:
+    """Rewrite the saved config as someone might: ``safe: false`` and a model that touches ``marker`` when built."""
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg.safe = False
+    cfg.model = {"_target_": "pathlib.Path.touch", "self": {"_target_": "pathlib.Path", "_args_": [str(marker)]}}
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+
+
+def test_replay_runs_a_tampered_saved_config_under_safe_mode_unless_trusted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=add_five"), tmp_path / "run")
+    marker = tmp_path / "ran"
+    tampered(run_dir, marker)
+    capsys.readouterr()
+    assert replay.main([str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model._target_: 'pathlib.Path.touch' is not on the safe-mode allowlist")
+    assert "--trust runs it as saved" in err and err.count("\n") == 1
+    assert not marker.exists()
+    assert replay.main([str(run_dir), "--trust"]) == 2  # trusted, it is built (and then is no nn.Module)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"secret": "${oc.env:HOME}"}, "secret: ${oc.env:...} runs a resolver, refused because safe=true"),
+        ({"seed": "${oc.decode:'4'}"}, "seed: ${oc.decode:...} runs a resolver"),
+        ({"a": "${b}", "b": "${a}"}, "an interpolation loop"),
+    ],
+)
+def test_replay_checks_the_saved_configs_interpolations_before_resolving_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, said: str
+) -> None:
+    run_dir = saved_run(composed("+model=functions", "+actions=add_five"), tmp_path / "run")
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg.merge_with(changes)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    capsys.readouterr()
+    assert replay.main([str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_replay_under_forced_safe_mode_keeps_the_saved_configs_fingerprint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A saved config with safe: false replays identically: forcing safe mode is not a change of config."""
+    cfg = composed("+model=functions", "+actions=add_five", "safe=false")
+    run_dir = saved_run(cfg, tmp_path / "run")
+    assert replay.main([str(run_dir)]) == 0
+    assert results(capsys.readouterr().out)["config"] == "identical"

@@ -466,3 +466,15 @@ def test_safe_mode_still_runs_a_sweep_with_the_users_own_files_and_a_log_inside(
     assert {p.split("/")[0] for p in files_under(tmp_path)} == {"conf", "sweep"}
     report = json.loads((tmp_path / "sweep" / "1" / "report.json").read_text())
     assert report["plan"][0]["kind"] == "modify_output"
+
+
+def test_importing_surgery_main_does_not_run_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """An allowlist check (or a tool) importing ``surgery.__main__`` must not start a run."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", ["surgery"])  # main() would print the overview
+    monkeypatch.delitem(sys.modules, "surgery.__main__", raising=False)
+    importlib.import_module("surgery.__main__")
+    assert capsys.readouterr().out == ""
