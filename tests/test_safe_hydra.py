@@ -234,6 +234,15 @@ def test_a_search_path_entry_is_a_directory() -> None:
             check_search_entry(entry, "hydra.searchpath[0]")
 
 
+@pytest.mark.parametrize("group", ["experiment", "model", "actions", "input"], ids=lambda g: g)
+def test_every_shipped_config_file_passes_safe_modes_hydra_and_resolver_checks(group: str) -> None:
+    from surgery.core.paths import group_options
+
+    context = {"actions": ["+model=gpt2_tiny"], "input": ["+model=mlp"]}.get(group, [])
+    for option in group_options(group):
+        assert refusal([*context, f"+{group}={option}"], multirun=True) is None, option
+
+
 def test_every_shipped_hydra_option_passes_safe_mode() -> None:
     """The shipped defaults and each launcher, sweeper and logging option a shipped extra installs."""
     for option in ("", JOBLIB, "hydra/launcher=submitit_local", SLURM, "hydra/launcher=basic",

@@ -153,6 +153,13 @@ def _remove_run_dir(out_dir: Path) -> None:
             break
 
 
+def _reader_left() -> None:
+    """The reader of our output left (``| head``): point stdout at devnull so the exit flush says nothing; exit 0."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)
+
+
 def main() -> None:
     """Entry point of ``python -m surgery`` and the ``surgery`` console script."""
     # A user's own module (_target_: mynet.TinyNet) imports from where they started, as with python -m;
@@ -163,7 +170,10 @@ def main() -> None:
     for variable in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
         os.environ.setdefault(variable, "1")
     if len(sys.argv) == 1:  # no model, no overrides: help without creating a run directory
-        print(usage())
+        try:
+            print(usage(), flush=True)
+        except BrokenPipeError:  # surgery | head: the reader left
+            _reader_left()
         return
     from surgery.app.hydra_hooks import install
 
@@ -177,9 +187,7 @@ def main() -> None:
 
         refuse(NESTED_TOO_DEEPLY)
     except BrokenPipeError:  # e.g. --help | head: the reader left; say nothing more
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(0)
+        _reader_left()
     except SystemExit as e:
         # Hydra reports its own composition errors (unknown option, bad override) with exit 1;
         # those are bad input, so they exit 2 like ours.
