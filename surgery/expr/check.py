@@ -21,29 +21,25 @@ from __future__ import annotations
 
 import ast
 import operator
-import sys
 from collections.abc import Callable, Collection
 from typing import Any
 
-from surgery.errors import ActionError, ConfigError, did_you_mean
-from surgery.expr.parsing import MAX_DEPTH, check_text, parse_text
+from surgery.errors import ConfigError, did_you_mean
+from surgery.expr.compiled import NAMES, Expr, helper_call
+from surgery.expr.parsing import MAX_DEPTH, check_text, einsum_problem, parse_text
 from surgery.expr.runtime import (
     FUNCTIONS,
-    GLOBALS,
-    MAX_ELEMENTS,
     NUMBER_TYPES,
     RESULT_FIELDS,
-    SIZED_FUNCTIONS,
-    SIZED_METHODS,
     TENSOR_ATTRIBUTES,
     TENSOR_METHODS,
-    TUPLE_FUNCTIONS,
     is_real,
     number_power,
     shorten,
 )
+from surgery.expr.work import MAX_ELEMENTS, MAX_PIECES
 
-NAMES = ("x", "inputs", "output", "grad", "module", "kwargs")
+__all__ = ["FUNCTIONS", "NAMES", "TENSOR_ATTRIBUTES", "TENSOR_METHODS", "Expr", "compile_expr"]
 
 
 _WRITING_KEYWORDS = frozenset({"out", "inplace"})
@@ -70,13 +66,9 @@ _FOLDS: dict[type[ast.AST], Callable[..., Any]] = {
 }  # fmt: skip
 
 
-def _helper_call(helper: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
-    return ast.copy_location(ast.Call(ast.Name(helper, ast.Load()), args, []), like)
-
-
 def _sized(operator_name: str, left: ast.expr, right: ast.expr, like: ast.AST) -> ast.Call:
     """``_binary(_env, OP, left, right)``: a binary operation whose broadcast is bounded when it runs."""
-    return _helper_call(
+    return helper_call(
         "_binary", [ast.Name("_env", ast.Load()), ast.Name(operator_name, ast.Load()), left, right], like
     )
 
@@ -99,38 +91,6 @@ def _on_module(node: ast.expr) -> bool:
     while isinstance(node, ast.Attribute):
         node = node.value
     return isinstance(node, ast.Name) and node.id == "module"
-
-
-_TENSOR_FUNCTIONS = frozenset(FUNCTIONS) - {"where"} - TUPLE_FUNCTIONS  # where(cond) alone returns a tuple
-
-
-def einsum_problem(equation: str, operands: int) -> str | None:
-    """Why an einsum equation cannot work with ``operands`` tensors, or None (checked before any model runs)."""
-    if not equation or set(equation) - set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ,->. "):
-        return "an einsum equation uses letters, ',', '->' and '...' only, e.g. 'bij,bjk->bik'"
-    text = equation.replace(" ", "")
-    if text.count("->") > 1 or text.replace("->", "").count("-") or text.replace("->", "").count(">"):
-        return "an einsum equation has at most one '->'"
-    inputs, _, output = text.partition("->")
-    terms = inputs.split(",")
-    if len(terms) != operands:
-        return f"the equation names {len(terms)} operand(s), the call gives {operands}"
-    for term in [*terms, output]:
-        if term.replace("...", "", 1).count("."):  # the character check left only letters, dots and one '->'
-            return f"{term!r}: each term is letters with at most one '...'"
-    if "->" in text:
-        letters = output.replace("...", "")
-        unknown = sorted(set(letters) - set(inputs))
-        if unknown or len(set(letters)) != len(letters):
-            return f"the output {output!r} must use each input letter at most once" + (
-                f"; {', '.join(unknown)} is in no input" if unknown else ""
-            )
-    return None
-
-
-def _makes_tensor(node: ast.expr) -> bool:
-    """True for a call of a function that returns a tensor or raises (every one but ``where``)."""
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _TENSOR_FUNCTIONS
 
 
 def _is_number(node: ast.expr) -> bool:
@@ -198,7 +158,10 @@ class _Checker(ast.NodeTransformer):
         node.operand = self.visit(node.operand)
         if type(node.op) in _FOLDS and _is_number(node.operand):
             return self.fold(node)
-        return node
+        if isinstance(node.op, (ast.USub, ast.Invert)):  # a new tensor: charged to the evaluation
+            op = ast.Name(f"_op_{type(node.op).__name__}", ast.Load())
+            return helper_call("_unary", [ast.Name("_env", ast.Load()), op, node.operand], node)
+        return node  # +value is value itself
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
         op = type(node.op)
@@ -207,15 +170,8 @@ class _Checker(ast.NodeTransformer):
         node.left, node.right = self.visit(node.left), self.visit(node.right)
         if op in _FOLDS and _is_number(node.left) and _is_number(node.right):
             return self.fold(node)
-        if not (_is_number(node.left) or _is_number(node.right)):  # two values: broadcasting may grow them
-            return _sized(f"_op_{op.__name__}", node.left, node.right, node)
-        if _makes_tensor(node.left) or _makes_tensor(node.right):
-            return node  # a tensor on either side: neither repetition nor a huge number can come of it
-        if op is ast.Pow:
-            return _helper_call("_pow", [node.left, node.right], node)
-        if op is ast.Mult:
-            return _helper_call("_mul", [node.left, node.right], node)
-        return node
+        # bounded (broadcasting may grow), charged, and guarded for numbers and tuples (** and *)
+        return _sized(f"_op_{op.__name__}", node.left, node.right, node)
 
     def fold(self, node: ast.BinOp | ast.UnaryOp) -> ast.Constant:
         operands = [node.operand] if isinstance(node, ast.UnaryOp) else [node.left, node.right]
@@ -234,7 +190,7 @@ class _Checker(ast.NodeTransformer):
             raise self.refuse(node, "'is' and 'in' are not allowed; compare with == != < <= > >=")
         node.left = self.visit(node.left)
         node.comparators = [self.visit(node.comparators[0])]
-        if not (_is_number(node.left) or _is_number(node.comparators[0])):
+        if not (_is_number(node.left) and _is_number(node.comparators[0])):
             return _sized(f"_op_{type(node.ops[0]).__name__}", node.left, node.comparators[0], node)
         return node
 
@@ -258,7 +214,7 @@ class _Checker(ast.NodeTransformer):
             if isinstance(node.slice, ast.Tuple)
             else (_slice_call(node.slice))
         )
-        return _helper_call("_index", [ast.Name("_env", ast.Load()), node.value, index], node)
+        return helper_call("_index", [ast.Name("_env", ast.Load()), node.value, index], node)
 
     def check_index_part(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant) and node.value is Ellipsis:
@@ -293,9 +249,9 @@ class _Checker(ast.NodeTransformer):
             )
         if isinstance(node.value, ast.Name) and node.value.id == "module" and "module" in self.names:
             self.used.add("module")
-            return _helper_call("_mread", [node.value, ast.Constant(node.attr)], node)
+            return helper_call("_mread", [node.value, ast.Constant(node.attr)], node)
         helper = "_mread" if _on_module(node.value) else "_attr"
-        return _helper_call(helper, [self.visit(node.value), ast.Constant(node.attr)], node)
+        return helper_call(helper, [self.visit(node.value), ast.Constant(node.attr)], node)
 
     def visit_Call(self, node: ast.Call) -> Any:
         func = node.func
@@ -312,7 +268,7 @@ class _Checker(ast.NodeTransformer):
                 methods = ", ".join(sorted(TENSOR_METHODS))
                 reason = f"unknown tensor method '.{func.attr}()'.{hint} In-place methods are never allowed."
                 raise self.refuse(node, f"{reason} Methods: {methods}")
-            node.func = _helper_call("_method", [self.visit(func.value), ast.Constant(func.attr)], func)
+            obj = self.visit(func.value)
         else:
             raise self.refuse(node, "only functions and tensor methods can be called")
         node.args = [self.visit(arg) for arg in node.args]
@@ -324,14 +280,15 @@ class _Checker(ast.NodeTransformer):
             keyword.value = self.visit(keyword.value)
         if isinstance(func, ast.Attribute) and func.attr == "expand":
             self.check_literal_sizes(node)
+        elif isinstance(func, ast.Attribute) and func.attr == "chunk":
+            self.check_literal_pieces(node)
         env = ast.Name("_env", ast.Load())
-        if isinstance(func, ast.Name) and func.id in SIZED_FUNCTIONS:  # may make more elements than it is given
+        if isinstance(func, ast.Name):  # every call is charged to the evaluation's work, and bounded
             node.args = [env, ast.Name(func.id, ast.Load()), ast.Constant(func.id), *node.args]
-            node.func = ast.Name("_sized_call", ast.Load())
-        elif isinstance(func, ast.Attribute) and func.attr in SIZED_METHODS:
-            obj = node.func.args[0]  # type: ignore[attr-defined]
+            node.func = ast.Name("_call", ast.Load())
+        else:
             node.args = [env, obj, ast.Constant(func.attr), *node.args]
-            node.func = ast.Name("_sized_method", ast.Load())
+            node.func = ast.Name("_call_method", ast.Load())
         return node
 
     def check_einsum(self, node: ast.Call) -> Any:
@@ -345,7 +302,7 @@ class _Checker(ast.NodeTransformer):
         operands = [self.visit(arg) for arg in node.args[1:]]
         env = ast.Name("_env", ast.Load())
         node.args = [env, ast.Name("einsum", ast.Load()), ast.Constant("einsum"), first, *operands]
-        node.func = ast.Name("_sized_call", ast.Load())
+        node.func = ast.Name("_call", ast.Load())
         return node
 
     def check_literal_sizes(self, node: ast.Call) -> None:
@@ -364,120 +321,13 @@ class _Checker(ast.NodeTransformer):
                 node, f"{count:,} elements are more than {MAX_ELEMENTS:,}, the most an expression may ever create"
             )
 
-
-# Tensor methods whose result is always a new tensor (or a number); any other may be a view of its tensor.
-_FRESH_METHODS = frozenset(
-    "mean sum amax amin max min abs exp log sqrt clamp relu sigmoid tanh softmax log_softmax norm std var"
-    " clone sign pow matmul argmax argmin square sin cos item size dim numel".split()
-)
-
-
-def _may_share_storage(node: ast.expr) -> bool:
-    """True when a checked, rewritten expression's value can be a module tensor or a view of one."""
-    if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Name):  # helpers and torch functions; only _mread and view attributes pass through
-            if func.id == "_mread":
-                return True
-            if func.id in ("_index", "_sized_method"):  # a view of its tensor unless the method makes a new one
-                fresh = func.id == "_sized_method" and node.args[2].value in _FRESH_METHODS  # type: ignore[attr-defined]
-                return not fresh and _may_share_storage(node.args[1])
-            if func.id == "_attr" and node.args[1].value in ("T", "mT"):  # type: ignore[attr-defined]
-                return _may_share_storage(node.args[0])
-            return False
-        if isinstance(func, ast.Call) and func.args[1].value not in _FRESH_METHODS:  # type: ignore[attr-defined]
-            return _may_share_storage(func.args[0])  # _method(tensor, "view")(...)
-        return False
-    if isinstance(node, ast.Subscript):
-        return _may_share_storage(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):  # +t is t itself
-        return _may_share_storage(node.operand)
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return any(_may_share_storage(element) for element in node.elts)
-    return False
-
-
-_PYTHON_312 = sys.version_info >= (3, 12)
-
-
-def _function(params: tuple[str, ...], body: list[ast.stmt]) -> ast.FunctionDef:
-    signature = ast.arguments(
-        posonlyargs=[], args=[ast.arg(name) for name in params], kwonlyargs=[], kw_defaults=[], defaults=[]
-    )
-    extra: dict[str, Any] = {"type_params": []} if _PYTHON_312 else {}
-    return ast.FunctionDef(name="expression", args=signature, body=body, decorator_list=[], returns=None, **extra)
-
-
-class Expr:
-    """A checked expression compiled once; hooks call ``bind(...)``'s plain function, tests call it by name.
-
-    >>> scale = compile_expr("x * module.W + module.b", where="actions.scale.expr")
-    >>> y = scale(x=tensor, module=layer)  # doctest: +SKIP
-    >>> hook_fn = scale.bind("module", "inputs", "output")  # x is inputs[0]  # doctest: +SKIP
-    """
-
-    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_sized", "_bound")
-
-    def __init__(
-        self, text: str, where: str, names: Collection[str], used: frozenset[str], body: ast.expr, reads: frozenset[str]
-    ) -> None:
-        self.text, self.where, self._names = text, where, tuple(names)
-        self.names_used = used
-        self.module_reads = reads  # names read as module.NAME, so a plan can check each module has them
-        self._body = body
-        self._owns = _may_share_storage(body)  # copy the result: it may be the module's own tensor
-        # operations that may grow tensors get the arguments, to bound them by the largest (runtime.element_limit)
-        self._sized = any(isinstance(n, ast.Name) and n.id == "_env" for n in ast.walk(body))
-        self._bound: dict[tuple[str, ...], Callable[..., Any]] = {}
-
-    def bind(self, *params: str) -> Callable[..., Any]:
-        """A plain function of ``params`` (positional) for a hook's hot path; ``x`` defaults to ``inputs[0]``."""
-        function = self._bound.get(params)
-        if function is None:
-            function = self._bound[params] = self._build(params)
-        return function
-
-    def _build(self, params: tuple[str, ...]) -> Callable[..., Any]:
-        derive_x = "x" in self.names_used and "x" not in params
-        missing = self.names_used - set(params) - ({"x"} if derive_x and "inputs" in params else set())
-        if missing or not set(params) <= set(NAMES):
-            raise ValueError(f"{self.where}: cannot bind {params} for '{self.text}' (uses {sorted(self.names_used)})")
-        statements: list[ast.stmt] = []
-        if derive_x:
-            first = ast.Subscript(ast.Name("inputs", ast.Load()), ast.Constant(0), ast.Load())
-            statements.append(ast.Assign([ast.Name("x", ast.Store())], first))
-        if self._sized:
-            arguments = ast.Tuple([ast.Name(name, ast.Load()) for name in params], ast.Load())
-            statements.append(ast.Assign([ast.Name("_env", ast.Store())], arguments))
-        value = _helper_call("_owned", [self._body], self._body) if self._owns else self._body
-        statements.append(ast.Return(value))
-        failed = ast.Call(ast.Name("_failed", ast.Load()), [ast.Name("_error", ast.Load()), ast.Constant(self.where),
-                          ast.Constant(self.text)], [])  # fmt: skip
-        handler = ast.ExceptHandler(ast.Name("_Exception", ast.Load()), "_error",
-                                    [ast.Raise(failed, ast.Name("_error", ast.Load()))])  # fmt: skip
-        guarded = ast.Try(body=statements, handlers=[handler], orelse=[], finalbody=[])
-        tree = ast.fix_missing_locations(ast.Module([_function(params, [guarded])], type_ignores=[]))
-        namespace = dict(GLOBALS)
-        exec(compile(tree, "<expr>", "exec"), namespace)  # a function around the checked, rewritten AST only
-        return namespace["expression"]  # type: ignore[no-any-return]
-
-    def __call__(self, **env: Any) -> Any:
-        """Evaluate with ``x``, ``inputs``, ``output``, ``grad``, ``module`` given by name."""
-        derive_x = "x" in self.names_used and "x" not in env and "inputs" in env
-        missing = self.names_used - env.keys() - ({"x"} if derive_x else set())
-        if missing:
-            first = sorted(missing)[0]
-            raise ActionError(f"{self.where}: '{self.text}' uses {first!r}, which this hook does not provide")
-        wanted = self.names_used - {"x"} | {"inputs"} if derive_x else self.names_used
-        params = tuple(name for name in NAMES if name in wanted)
-        return self.bind(*params)(*(env[name] for name in params))
-
-    def __repr__(self) -> str:
-        return f"Expr({self.text!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # code objects do not pickle; checking again is cheap and keeps the guarantee
-        return compile_expr, (self.text, self.where, self._names)
+    def check_literal_pieces(self, node: ast.Call) -> None:
+        """Refuse ``.chunk(N)`` into more literal pieces than one evaluation may split off, now."""
+        chunks = _literal(node.args[0]) if node.args else None
+        if chunks is not None and chunks > MAX_PIECES:
+            raise self.refuse(
+                node, f"{chunks:,} pieces are more than {MAX_PIECES:,}, the most tensors an expression may split off"
+            )
 
 
 def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:

@@ -1,4 +1,4 @@
-"""Expression text to a syntax tree within limits, and literal index subscripts (``"[:, 3:5]"``).
+"""Expression text to a syntax tree within limits, einsum equations, and literal index subscripts (``"[:, 3:5]"``).
 
 The limits (length, bracket depth) are checked before the parser sees the text, so a hostile
 config cannot make ``ast.parse`` recurse or allocate without bound.
@@ -38,6 +38,30 @@ def parse_text(source: str, text: str, where: str) -> ast.Expression:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         reason = getattr(error, "msg", None) or type(error).__name__
         raise ConfigError(f"{where}: '{shorten(text)}' is not a valid expression ({reason})") from None
+
+
+def einsum_problem(equation: str, operands: int) -> str | None:
+    """Why an einsum equation cannot work with ``operands`` tensors, or None (checked before any model runs)."""
+    if not equation or set(equation) - set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ,->. "):
+        return "an einsum equation uses letters, ',', '->' and '...' only, e.g. 'bij,bjk->bik'"
+    text = equation.replace(" ", "")
+    if text.count("->") > 1 or text.replace("->", "").count("-") or text.replace("->", "").count(">"):
+        return "an einsum equation has at most one '->'"
+    inputs, _, output = text.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != operands:
+        return f"the equation names {len(terms)} operand(s), the call gives {operands}"
+    for term in [*terms, output]:
+        if term.replace("...", "", 1).count("."):  # the character check left only letters, dots and one '->'
+            return f"{term!r}: each term is letters with at most one '...'"
+    if "->" in text:
+        letters = output.replace("...", "")
+        unknown = sorted(set(letters) - set(inputs))
+        if unknown or len(set(letters)) != len(letters):
+            return f"the output {output!r} must use each input letter at most once" + (
+                f"; {', '.join(unknown)} is in no input" if unknown else ""
+            )
+    return None
 
 
 def _literal_index_part(node: ast.expr) -> Any:

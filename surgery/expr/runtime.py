@@ -1,5 +1,6 @@
 """What checked expressions run with: the allowlisted functions, methods and attributes, the
-number guards, and the checked helpers that :mod:`surgery.expr.check`'s rewritten AST calls.
+number guards, and the checked helpers that :mod:`surgery.expr.check`'s rewritten AST calls, each
+operation charged to the evaluation's :class:`surgery.expr.work.Work`.
 
 ``GLOBALS`` is the whole namespace an expression's function sees; the checker guarantees that
 expression text can name nothing in it that starts with ``_``.
@@ -18,16 +19,29 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from surgery.errors import ActionError, did_you_mean
+from surgery.expr.work import (
+    CHARGED_BEFORE,
+    ENV,
+    MADE,
+    MIN_ELEMENTS,
+    MIN_LIVE,
+    MIN_WORK,
+    SPENT,
+    VIEWS,
+    Work,
+    broadcast_count,
+    charge_before,
+    grown,
+    index_count,
+    made,
+    matmul_count,
+    over,
+    spend,
+)
+from surgery.expr.work import SIZED_FUNCTIONS as SIZED_FUNCTIONS  # re-exported: tests classify the allowlists
+from surgery.expr.work import SIZED_METHODS as SIZED_METHODS
 
 MAX_EXPONENT = 64
-# The element bound: no tensor an expression creates may have more than
-# min(max(GROWTH * N, MIN_ELEMENTS), MAX_ELEMENTS) elements, N being the largest tensor it is given
-# (its variables and the hooked module's own parameters and buffers). Only operations that can make
-# more elements than their largest operand are checked (expand, broadcasting, matmul, cat, stack,
-# indexing with tensors or lists), before they allocate; everything else cannot grow.
-GROWTH = 16
-MIN_ELEMENTS = 2**24
-MAX_ELEMENTS = 2**36
 
 
 # F.silu, F.leaky_relu and F.elu take a positional `inplace` flag that would write into the model.
@@ -74,12 +88,6 @@ TUPLE_FUNCTIONS = frozenset({"topk", "kthvalue", "sort"})  # they return a (valu
 
 NUMBER_TYPES = (int, float)  # bool is an int
 
-# Functions and methods that can make more elements than their largest operand; calls to them are checked.
-# Every other one makes at most as many as its largest operand (tests/test_expr.py lists those, so a function
-# added to the allowlists must be put on one side or the other).
-SIZED_FUNCTIONS = frozenset("matmul clamp where pow maximum minimum cat stack linear quantile einsum".split())
-SIZED_METHODS = frozenset("expand matmul pow max min clamp quantile".split())
-_META_COUNTED = frozenset({"einsum", "quantile"})  # no formula: their shape is found on meta tensors
 BINARY_OPERATORS = {  # ast operator class name -> operator function, for _binary
     "Add": "add", "Sub": "sub", "Mult": "mul", "Div": "truediv", "FloorDiv": "floordiv", "Mod": "mod",
     "Pow": "pow", "MatMult": "matmul", "BitAnd": "and_", "BitOr": "or_", "BitXor": "xor",
@@ -165,188 +173,87 @@ def _multiply(left: Any, right: Any) -> Any:
     return left * right
 
 
-def _largest(value: Any, depth: int = 0) -> int:
-    """The element count of the largest tensor in a variable (tensors, containers, a module's own tensors)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel()
-    if depth > 3:
-        return 0
-    if isinstance(value, nn.Module):
-        items: Any = [*value._parameters.values(), *value._buffers.values()]
-    elif isinstance(value, dict):
-        items = value.values()
-    elif isinstance(value, (tuple, list)):
-        items = value
-    else:
-        return 0
-    return max((_largest(item, depth + 1) for item in items if item is not None), default=0)
+def _call(work: Work, function: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> Any:
+    """An expression function, charged to the evaluation's work (``cat``, ``@``, sorts checked before they run)."""
+    if name in CHARGED_BEFORE:
+        charge_before(work, name, args, kwargs, function)
+    result = function(*args, **kwargs)
+    if not isinstance(result, _Tensor):
+        made(work, result)  # a tuple of tensors (sort, topk) or nothing to count
+        return result
+    count = result.numel()  # made(), inlined on the hot path
+    work[MADE] += count
+    work[SPENT] += count
+    if work[MADE] > MIN_LIVE or work[SPENT] > MIN_WORK:
+        over(work)
+    return result
 
 
-def element_limit(env: tuple[Any, ...]) -> int:
-    """The most elements one value of an expression given ``env`` (its arguments) may have."""
-    return min(max(GROWTH * max((_largest(v) for v in env), default=0), MIN_ELEMENTS), MAX_ELEMENTS)
-
-
-def _grown(env: tuple[Any, ...], count: int, operands: Any) -> None:
-    """Refuse ``count`` new elements when that is more than every operand has and past the bound."""
-    if count <= MIN_ELEMENTS or count <= max((t.numel() for t in operands if isinstance(t, torch.Tensor)), default=1):
-        return
-    limit = element_limit(env)
-    if count > limit:
-        raise ActionError(
-            f"it would create a tensor of {count:,} elements, more than the {limit:,} an expression may create here"
-            f" (at most {GROWTH} × its largest input, at least {MIN_ELEMENTS:,}, never more than {MAX_ELEMENTS:,})"
-        )
-
-
-def _broadcast_count(*shapes: Any) -> int:
-    """The element count of the broadcast of ``shapes`` (an upper bound when they do not broadcast)."""
-    rank = max(map(len, shapes))
-    count = 1
-    for i in range(1, rank + 1):
-        size = 1
-        for shape in shapes:
-            if i <= len(shape):
-                dim = shape[-i]
-                if dim == 0:
-                    return 0
-                size = dim if dim > size else size
-        count *= size
-    return count
-
-
-def _matmul_count(a: Any, b: Any) -> int:
-    if a.dim() == 0 or b.dim() == 0:
-        return max(a.numel(), b.numel())
-    rows = a.shape[-2] if a.dim() >= 2 else 1
-    columns = b.shape[-1] if b.dim() >= 2 else 1
-    return _broadcast_count(a.shape[:-2], b.shape[:-2]) * rows * columns
-
-
-def _tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    return [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-
-
-def _new_count(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], function: Callable[..., Any]) -> int:
-    """How many elements ``function(*args, **kwargs)`` (torch.NAME, or the method with self first) would create."""
-    if name in _META_COUNTED:
-        return _meta_count(function, args, kwargs)
-    if name in ("cat", "stack"):
-        items = args[0] if args else kwargs.get("tensors", ())
-        return sum(t.numel() for t in items if isinstance(t, torch.Tensor))
-    if name == "matmul" and len(args) == 2 and all(isinstance(t, torch.Tensor) for t in args):
-        return _matmul_count(*args)
-    if name == "einsum" and args and isinstance(args[0], str):
-        return _einsum_count(args[0], args[1:])
-    if name == "quantile" and len(args) >= 2 and isinstance(args[0], torch.Tensor):
-        q = args[1]
-        many = q.numel() if isinstance(q, torch.Tensor) else 1
-        return many * args[0].numel()  # at most: every quantile of the whole tensor
-    if name == "linear" and len(args) >= 2 and all(isinstance(t, torch.Tensor) for t in args[:2]):
-        x, weight = args[:2]
-        return _matmul_count(x, weight.mT if weight.dim() >= 2 else weight)
-    shapes = [t.shape for t in _tensors(args, kwargs)]
-    return _broadcast_count(*shapes) if len(shapes) > 1 else 0
-
-
-def _einsum_count(equation: str, operands: tuple[Any, ...]) -> int:
-    """The element count of ``einsum(equation, *operands)``, worked out on meta tensors (no memory)."""
-    if not all(isinstance(t, torch.Tensor) for t in operands):
-        return 0
-    try:
-        return torch.einsum(equation, *(torch.empty(t.shape, device="meta") for t in operands)).numel()
-    except Exception:  # noqa: BLE001 - shapes that do not fit: let torch say so on the real tensors
-        return 0
-
-
-def _sized_call(env: tuple[Any, ...], function: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> Any:
-    """An expression function that can make more elements than it is given (``cat``, ``where``, ...), bounded."""
-    _grown(env, _new_count(name, args, kwargs, function), _tensors(args, kwargs))
-    return function(*args, **kwargs)
-
-
-def _sized_method(env: tuple[Any, ...], obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-    """A tensor method that can make more elements than it is given (``expand``, ``matmul``, ...), bounded."""
+def _call_method(work: Work, obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """An allowlisted tensor method, charged like a function; views (``expand``, ``transpose``) make nothing."""
     method = _find_method(obj, name)
-    if name == "expand":
-        count = _expand_count(obj, args)
-    else:
-        count = _new_count(name, (obj, *args), kwargs, getattr(torch.Tensor, name))
-    _grown(env, count, (obj, *_tensors(args, kwargs)))
-    return method(*args, **kwargs)
+    if name in CHARGED_BEFORE:
+        charge_before(work, name, (obj, *args), kwargs, getattr(torch.Tensor, name))
+    result = method(*args, **kwargs)
+    if name not in VIEWS:
+        made(work, result)
+    return result
 
 
-def _meta_count(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """The elements ``function`` makes, run on meta tensors (no data); else the product of the operands' sizes."""
-
-    def meta(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return torch.empty(value.shape, dtype=value.dtype, device="meta")
-        return [meta(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-    try:
-        out = function(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
-        return sum(
-            t.numel() for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)
-        )
-    except Exception:  # noqa: BLE001 - an upper bound: no output is larger than all its operands multiplied
-        return math.prod(t.numel() for t in _tensors(args, kwargs))
-
-
-def _expand_count(tensor: torch.Tensor, args: tuple[Any, ...]) -> int:
-    sizes = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-    if not all(isinstance(s, int) for s in sizes) or len(sizes) < tensor.dim():
-        return 0  # torch refuses it
-    old = (1,) * (len(sizes) - tensor.dim()) + tuple(tensor.shape)
-    count = 1
-    for size, dim in zip(sizes, old):
-        count *= dim if size == -1 else size
-    return count
+def _binary(work: Work, op: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
+    """``left OP right``: broadcasting and ``@`` are bounded before they run, and what they make is charged."""
+    if isinstance(left, _Tensor):
+        if isinstance(right, _Tensor):
+            if op is operator.matmul:
+                count = matmul_count(left, right)
+                grown(work[ENV], count, (left, right))
+                spend(work, 2 * count * (left.shape[-1] if left.dim() else 1))
+            elif left.numel() * right.numel() > MIN_ELEMENTS and left.shape != right.shape:  # the cheap test first
+                grown(work[ENV], broadcast_count(left.shape, right.shape), (left, right))
+        elif type(right) not in _NUMBERS:
+            return _charged(work, op(left, right))
+    elif not (isinstance(right, _Tensor) and type(left) in _NUMBERS):
+        return _charged(work, op(left, right))  # numbers, tuples: the guards of ** and *
+    result = _TENSOR_OPERATORS.get(op, op)(left, right)  # a tensor and a tensor or a number: no guard needed
+    count = result.numel()  # made(), inlined: this is the hot path of most expressions
+    work[MADE] += count
+    work[SPENT] += count
+    if work[MADE] > MIN_LIVE or work[SPENT] > MIN_WORK:
+        over(work)
+    return result
 
 
-def _binary(env: tuple[Any, ...], op: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
-    """``left OP right`` where broadcasting may make more elements than either side has, bounded."""
-    if isinstance(left, _Tensor) and isinstance(right, _Tensor):
-        # cheapest test first: no broadcast of the two can have more elements than this product
-        if left.numel() * right.numel() > MIN_ELEMENTS and left.shape != right.shape:
-            count = _matmul_count(left, right) if op is operator.matmul else _broadcast_count(left.shape, right.shape)
-            _grown(env, count, (left, right))
-        return _TENSOR_OPERATORS.get(op, op)(left, right)
-    return op(left, right)
+_NUMBERS = (int, float, bool)
+
+
+def _charged(work: Work, result: Any) -> Any:
+    if isinstance(result, _Tensor):
+        made(work, result)
+    return result
+
+
+def _unary(work: Work, op: Callable[[Any], Any], value: Any) -> Any:
+    """``-value`` or ``~value``, charged for what it makes."""
+    result = op(value)
+    made(work, result)
+    return result
 
 
 _Tensor = torch.Tensor
 
 
-def _index(env: tuple[Any, ...], value: Any, index: Any) -> Any:
-    """``value[index]``: indexing with tensors or lists can repeat elements, so it is bounded too."""
+def _index(work: Work, value: Any, index: Any) -> Any:
+    """``value[index]``: indexing with tensors or lists can repeat elements, so it is bounded and charged too."""
     parts = index if type(index) is tuple else (index,)
     if isinstance(value, torch.Tensor) and not all(type(p) in _BASIC_INDEX for p in parts):
-        _grown(env, _index_count(value, parts), (value,))
+        grown(work[ENV], index_count(value, parts), (value,))
+        result = value[index]
+        made(work, result)
+        return result
     return value[index]
 
 
 _BASIC_INDEX = (int, slice, type(None), type(Ellipsis), bool)
-
-
-def _index_count(value: torch.Tensor, parts: tuple[Any, ...]) -> int:
-    """The element count of ``value[parts]`` (at most), found on a meta tensor (a mask counts as all True)."""
-    meta: list[Any] = []
-    for part in parts:
-        if isinstance(part, (list, tuple)) or (isinstance(part, torch.Tensor) and part.dim() > 0):
-            part = torch.as_tensor(part) if not isinstance(part, torch.Tensor) else part
-            if part.dtype == torch.bool:  # a mask picks at most what it covers: count it as whole dims
-                meta += [slice(None)] * part.dim()
-                continue
-            meta.append(torch.empty(part.shape, dtype=torch.long, device="meta"))
-        elif isinstance(part, torch.Tensor):
-            meta.append(0)
-        else:
-            meta.append(part)
-    try:
-        return torch.empty(value.shape, device="meta")[tuple(meta)].numel()
-    except Exception:  # noqa: BLE001 - a bad index: let torch say so on the real tensor
-        return 0
 
 
 def _loaded_module(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
@@ -389,13 +296,13 @@ GLOBALS: dict[str, Any] = {
     "_owned": _owned,
     "_failed": _failed,
     "_Exception": Exception,
-    "_method": _find_method,
-    "_pow": _power,
-    "_mul": _multiply,
-    "_sized_call": _sized_call,
-    "_sized_method": _sized_method,
+    "_call": _call,
+    "_call_method": _call_method,
     "_binary": _binary,
+    "_unary": _unary,
     "_index": _index,
+    "_op_USub": operator.neg,
+    "_op_Invert": operator.invert,
     "_slice": slice,
     **{f"_op_{node}": getattr(operator, name) for node, name in BINARY_OPERATORS.items()},
     "_op_Pow": _power,  # the number guards of ** and * hold for checked operands too
