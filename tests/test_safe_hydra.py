@@ -487,3 +487,14 @@ def test_importing_surgery_main_does_not_run_the_command_line(
     monkeypatch.delitem(sys.modules, "surgery.__main__", raising=False)
     importlib.import_module("surgery.__main__")
     assert capsys.readouterr().out == ""
+
+
+def test_cli_says_one_line_for_an_unwritable_run_directory_and_a_config_nested_too_deeply(tmp_path: Path) -> None:
+    """Without safe=true too: Hydra's own failures (creating the run directory, a RecursionError) are bad input."""
+    result = cli("+model=mlp", "mode=plan", "hydra.run.dir=/proc/surgery-run", cwd=tmp_path)
+    refused_end_to_end(result, "/proc/surgery-run")
+    assert "cannot write the run directory there" in result.stderr
+    deep = "+x=" + "[" * 3000 + "]" * 3000
+    result = cli("+model=mlp", "mode=plan", deep, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: the config is nested too deeply"), result.stderr
+    assert result.stderr.count("\n") == 1
