@@ -185,6 +185,10 @@ def _known_keys(cfg: DictConfig, parent: str) -> list[str] | None:
     inputs = sorted({k for keys in INPUT_KINDS.values() for k in keys})
     if parent in ("input", "source", "model.input"):
         return inputs
+    if parent == "study":
+        from surgery.study.config import StudyConfig
+
+        return list(StudyConfig.__dataclass_fields__)
     if parent == "model":
         return list(MODEL_KEYS)
     if parent == "":

@@ -101,6 +101,11 @@ def _stopped_at_once(out_dir: Path, stop: Interrupted, interrupts: Interrupts, r
 
 
 def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Reached) -> dict[str, Any]:
+    if cfg.get("study") is not None:  # a grid of interventions: its own job (surgery/app/study_job.py)
+        from surgery.app.study_job import run_study_job
+
+        reached.mode = "study"
+        return run_study_job(cfg, out_dir)
     job = prepare(cfg)
     if job is None:
         return {}

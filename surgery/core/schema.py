@@ -91,6 +91,7 @@ class RunSettings:
     save_model: bool = False  # write the surgered state_dict as model.safetensors
     verbose: bool = False  # full tracebacks on errors; mode=plan|run also list every matched name
     distributed: Any = None  # under torchrun: {wrap: none | ddp | fsdp} (docs/distributed.md)
+    study: Any = None  # a grid of interventions scored per example (SPEC §13; surgery/study/config.py)
     limits: Any = None  # {memory_gb, disk_gb, count}: what the run may cost; null values are safe mode's defaults
 
     def __post_init__(self) -> None:

@@ -1,0 +1,155 @@
+"""``python -m surgery ... +study=NAME``: a study as one job, written into the run directory.
+
+Writes ``study.safetensors`` (``values/M`` ``[*grid, examples]``, ``mean/M``, ``ci_low/M``,
+``ci_high/M``), ``study.csv`` (a row per cell and metric), ``plots/study_M.png``, ``report.json``
+(its ``study`` section) and ``report.md`` (the plots first).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from surgery.app.batches import Batches, input_spec, make_batches
+from surgery.app.build import build_model, resolve_device, seed_everything, settings_of
+from surgery.app.prepare import source_batches
+from surgery.app.report import environment, fingerprint
+from surgery.core.compiler import load_actions
+from surgery.core.output import say
+from surgery.core.schema import validate
+from surgery.errors import ConfigError
+from surgery.files.write import write_json, write_tensors, write_text
+from surgery.study.config import StudyConfig
+from surgery.study.grid import cells, check_uses, parse_grid
+from surgery.study.result import StudyResult
+from surgery.study.run import check_method, plan_cells, run_study
+
+
+def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Build the model and inputs, run every cell, write the study's files; returns report.json's dict."""
+    clock = time.perf_counter()
+    settings = settings_of(cfg)
+    study = validate(StudyConfig, _plain(settings.study), "study")
+    check_method(study.method, study.steps, study.verify_top)
+    if settings.mode not in ("run", "plan"):
+        raise ConfigError(f"mode: a study runs with mode=run (or mode=plan to check every cell); got {settings.mode}")
+    seed_everything(settings.seed)
+    device = resolve_device(settings.device)
+    actions = load_actions(cfg.get("actions"))
+    model = build_model(cfg.model, settings, device)
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
+    data = make_batches(spec, settings.seed, getattr(torch, settings.dtype), device, model, cfg.model.get("path"))
+    source = source_batches(cfg, settings, device, model, data)
+    inputs, labels = _gathered(data)
+    report: dict[str, Any] = {"mode": "study" if settings.mode == "run" else "plan", "seed": settings.seed}
+    report["fingerprints"] = {"config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
+                              "input": fingerprint(inputs)}  # fmt: skip
+    if settings.mode == "plan":
+        return _plan_only(model, actions, study, inputs, data, settings, out_dir, report)
+    src = None if source is None else _gathered(source)[0]
+    result = run_study(
+        model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
+        ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
+        safe=settings.safe,
+    )  # fmt: skip
+    seconds = time.perf_counter() - clock
+    write_tensors(out_dir / "study.safetensors", result.tensors())
+    write_text(out_dir / "study.csv", result.csv_text())
+    plots = result.plot(out_dir / "plots")
+    report.update(
+        complete=True,
+        study=_section(result, study, data, seconds),
+        model={"class": f"{type(model).__module__}.{type(model).__qualname__}"},
+        data={"source": data.source, "examples": data.examples,
+              **({"prompts": list(data.text.prompts)} if data.text is not None else {})},
+        plots=[str(p.relative_to(out_dir)) for p in plots],
+        environment=environment(str(device)),
+    )  # fmt: skip
+    write_json(out_dir / "report.json", report)
+    write_text(out_dir / "report.md", study_markdown(report, result))
+    say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; wrote {out_dir}")
+    return report
+
+
+def _plan_only(
+    model: Any, actions: dict[str, Any], study: StudyConfig, inputs: Any, data: Batches, settings: Any,
+    out_dir: Path, report: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """mode=plan: every cell planned and probed, nothing run; the count and the first cell's plan are printed."""
+    from surgery.study.run import Inputs, probe_cells
+
+    given = Inputs.of(inputs, "input")
+    ids = given.token_ids()
+    grid = parse_grid(study.grid, positions=int(ids.shape[1]) if ids is not None else None)
+    check_uses(grid, actions)
+    grid_cells = cells(grid)
+    _, plans = plan_cells(model, actions, grid_cells, settings.seed, settings.strict, settings.safe)
+    probe_cells(model, plans, grid_cells, given.rows(0, min(1, given.examples)))
+    say(f"study: {len(plans)} cells, each planned and checked; the first ({grid_cells[0]}):")
+    say(plans[0])
+    report.update(complete=True, study={"grid": grid, "cells": len(plans), "first": plans[0].to_dict()})
+    write_json(out_dir / "report.json", report)
+    return report
+
+
+def _gathered(data: Batches) -> tuple[Any, torch.Tensor | None]:
+    """Every batch's inputs joined along the examples (a dict for keyword inputs), and the labels (non-text)."""
+    batches = list(data)
+    if not batches:
+        raise ConfigError("input: no examples to study")
+    first = batches[0]
+    labels = None
+    if data.text is None and all(b.labels is not None for b in batches):
+        labels = torch.cat([b.labels for b in batches if b.labels is not None])
+    if first.kwargs and not first.args:
+        return {k: torch.cat([b.kwargs[k] for b in batches]) for k in first.kwargs}, labels
+    if len(first.args) != 1 or first.kwargs:
+        raise ConfigError("input: a study takes one positional input or keyword inputs (token ids and their mask)")
+    return torch.cat([b.args[0] for b in batches]), labels
+
+
+def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: float) -> dict[str, Any]:
+    """report.json's study section: the grid, files, and each metric's means (and baselines) as lists."""
+    return {
+        "grid": result.grid,
+        "cells": len(result.cells),
+        "examples": data.examples,
+        "metrics": result.metrics,
+        "normalized": result.normalized,
+        "ci": result.ci,
+        "n_boot": study.n_boot if result.ci is not None else None,
+        "method": study.method,
+        "files": {"tensors": "study.safetensors", "csv": "study.csv"},
+        "mean": {name: result.mean[name].tolist() for name in result.metrics},
+        "baselines": {
+            which: {name: float(v.nanmean()) for name, v in table.items()} for which, table in result.baselines.items()
+        },  # fmt: skip
+        "tokens": result.tokens,
+        "seconds": seconds,
+    }
+
+
+def study_markdown(report: dict[str, Any], result: StudyResult) -> str:
+    """report.md of a study: the plots first, then the baselines and where the numbers are."""
+    section = report["study"]
+    sizes = " × ".join(f"{name} ({len(values)})" for name, values in result.grid.items())
+    lines = [f"# surgery study: {sizes}, {section['examples']} examples", ""]
+    lines += [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
+    lines += ["| metric | unmodified | source |", "|---|---|---|"]
+    base = section["baselines"]
+    for name in result.metrics:
+        source = f"{base['source'][name]:.6g}" if "source" in base else ""
+        lines.append(f"| {name} | {base['unmodified'][name]:.6g} | {source} |")
+    lines += ["", f"Every cell's mean and interval: `study.csv`; per-example values: `study.safetensors` "
+              f"(`values/METRIC`, shaped [{', '.join(result.grid)}, examples]).", ""]  # fmt: skip
+    if result.normalized:
+        lines.append(f"`{result.normalized}` is normalized: 0 = the unmodified run, 1 = the source run.")
+    return "\n".join(lines) + "\n"
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node

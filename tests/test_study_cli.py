@@ -1,0 +1,73 @@
+"""+study=NAME from the command line's job: one run writes study.safetensors, study.csv, plots and reports
+whose numbers equal surgery.study's on the same model and prompts, which tests/test_study.py checks by hand."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import surgery
+from surgery.app.job import run_job
+from surgery.errors import ConfigError
+from surgery.lm.load import load_pretrained
+from surgery.lm.text import encode_prompts, load_tokenizer
+from tests.test_cli import cli, composed
+from tests.test_lm_cli import lm_dir  # noqa: F401 - the saved GPT-2 fixture
+
+CLEAN, CORRUPT = "the cat sat on the", "the dog sat on the"
+ARGS = ("+input=text", f"input.prompt={CLEAN!r}".replace("'", ""), "+source=text")
+METRICS = "study.metrics=[{logit_diff: {correct: mat, wrong: park}}, kl]"
+
+
+def args(path: Path, *more: str) -> list[str]:
+    return ["+model=hf", f"model.path={path}", "+input=text", f"input.prompt={CORRUPT}", "+source=text",
+            f"source.prompt={CLEAN}", "+study=patch_layer_pos", METRICS, *more]  # fmt: skip
+
+
+def test_a_study_run_writes_the_numbers_surgery_study_gives(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    report = run_job(composed(*args(lm_dir, "study.ci=0.9")), tmp_path)
+    model, tok = load_pretrained(lm_dir), load_tokenizer(model_path=lm_dir)
+    corrupt, clean = encode_prompts(tok, prompts=[CORRUPT]), encode_prompts(tok, prompts=[CLEAN])
+    actions = composed("+study=patch_layer_pos").actions
+    want = surgery.study(model, actions, {"layer": "0:2", "pos": "all"}, corrupt.kwargs(),
+                         [{"logit_diff": {"correct": "mat", "wrong": "park"}}, "kl"], source=clean.kwargs(),
+                         tokenizer=tok, ci=0.9)  # fmt: skip
+    saved = load_file(tmp_path / "study.safetensors")
+    assert torch.equal(saved["values/logit_diff"], want.values["logit_diff"])
+    assert torch.equal(saved["ci_high/kl"], want.ci_high["kl"])
+    assert saved["values/kl"].shape == (2, 5, 1)
+    rows = list(csv.reader((tmp_path / "study.csv").open()))
+    assert rows[0] == ["layer", "pos", "metric", "mean", "ci_low", "ci_high"] and len(rows) == 1 + 2 * 5 * 2
+    assert float(rows[1][3]) == float(want.mean["logit_diff"][0, 0])
+    assert report["study"]["tokens"] == ["the", "dog", "sat", "on", "the"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["study_kl.png", "study_logit_diff.png"]
+    assert json.loads((tmp_path / "report.json").read_text())["study"]["cells"] == 10
+    assert (tmp_path / "report.md").read_text().index("plots/study_logit_diff.png") < 200  # the plots come first
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (("study.grid.layer=0:5",), "study cell {layer: 2, pos: 0}: actions.study_cap"),
+        (("++study.method=attribution",), "study.method: 'attribution' is not available yet"),
+        (("+study.nope=1",), "study.nope: unknown key"),
+        (("study.metrics=[{prob: {token: the cat}}]",), "study.metrics[0].prob.token: 'the cat' is 2 tokens"),
+    ],
+)
+def test_a_bad_study_is_refused_before_any_cell_runs(lm_dir: Path, tmp_path: Path, more, message) -> None:  # noqa: F811
+    with pytest.raises(ConfigError) as e:
+        run_job(composed(*args(lm_dir, *more)), tmp_path)
+    assert str(e.value).startswith(message)
+    assert not (tmp_path / "study.safetensors").exists()
+
+
+def test_the_cli_runs_a_study_and_exits_0(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    result = cli(*args(lm_dir), "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "study: 10 cells × 1 examples" in result.stdout
+    assert (tmp_path / "run" / "study.csv").is_file() and (tmp_path / "run" / "plots" / "study_kl.png").is_file()
