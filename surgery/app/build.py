@@ -37,7 +37,11 @@ def settings_of(cfg: DictConfig) -> RunSettings:
             raise ConfigError(
                 f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))} Run settings: {', '.join(names)}."
             )
-    return validate(RunSettings, {k: cfg[k] for k in names if k in cfg}, "")
+    values = {k: cfg[k] for k in names if k in cfg}
+    if isinstance(values.get("source"), DictConfig):  # +source=text source.prompts=[...]: its prompt stays ???
+        source = OmegaConf.to_container(values["source"], resolve=True)
+        values["source"] = {k: v for k, v in source.items() if v != "???"}  # type: ignore[union-attr]
+    return validate(RunSettings, values, "")
 
 
 def seed_everything(seed: int) -> None:
