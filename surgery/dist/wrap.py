@@ -42,7 +42,7 @@ def start_group(device: str) -> torch.device:
 
 
 def wrap_model(model: nn.Module, wrap: str, device: torch.device) -> nn.Module:
-    """The model in DDP, or sharded by FSDP2 ``fully_shard`` (each direct child with parameters, then the root)."""
+    """The model in DDP, or sharded by FSDP2 ``fully_shard``: each block ``fsdp_blocks`` finds, then the root."""
     if wrap == "none" or not dist.is_initialized():
         return model
     if wrap == "ddp":
@@ -53,8 +53,58 @@ def wrap_model(model: nn.Module, wrap: str, device: torch.device) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    for block in fsdp_blocks(model):
+        fully_shard(block, mesh=mesh)
+    # The root too goes back to its shards after each forward (FSDP2 keeps a root unsharded by default, to save
+    # an all-gather before backward): between calls every parameter is the sharded DTensor surgery planned on,
+    # and what remove() checks it restored (embeddings and heads no block holds live in the root).
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model
+
+
+def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
+    """What FSDP2 shards one by one before the root (the way torchtitan and accelerate's transformer-layer policy do).
+
+    A Hugging Face model names its blocks in ``_no_split_modules`` (GPT-2: ``GPT2Block``, so ``transformer.h.*``).
+    Otherwise the repeated blocks: each child of a ``ModuleList`` (``fully_shard`` refuses the list itself, which
+    has no ``forward``), or of a ``Sequential`` whose children all have one class. A model with neither shards
+    each direct child that has parameters. Blocks inside a block are left to it; what no block holds (embeddings,
+    a head) is sharded with the root.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    found = [m for m in model.modules() if m is not model and type(m).__name__ in names and _has_params(m)]
+    if found:
+        return _outermost(model, found)
+    repeated = [
+        child
+        for m in model.modules()
+        if isinstance(m, nn.ModuleList) or (isinstance(m, nn.Sequential) and _repeats(m))
+        for child in m.children()
+        if _has_params(child)
+    ]
+    if repeated:
+        return _outermost(model, repeated)
+    return [c for c in model.children() if _has_params(c) and not isinstance(c, (nn.ModuleList, nn.ModuleDict))]
+
+
+def _has_params(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _repeats(sequential: nn.Sequential) -> bool:
+    """A Sequential of two or more blocks of one class (``Sequential(Block, Block, ...)``), not of mixed layers."""
+    classes = {type(c) for c in sequential.children()}
+    return len(sequential) > 1 and len(classes) == 1
+
+
+def _outermost(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """``blocks`` in module order without those inside another of them."""
+    chosen = {id(b) for b in blocks}
+    kept: list[nn.Module] = []
+    prefixes: list[str] = []
+    for name, module in model.named_modules():
+        if id(module) not in chosen or any(name.startswith(p) for p in prefixes):
+            continue
+        kept.append(module)
+        prefixes.append(f"{name}.")
+    return kept
