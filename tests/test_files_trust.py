@@ -162,12 +162,12 @@ class Case:
     limits: Limits = SAFE_DEFAULTS
 
 
-def _bomb_pt(d: Path) -> Path:
-    return deflated_copy(torch_bytes({"x": torch.zeros(BOMB_FLOATS), "y": torch.zeros(4)}), d / "bomb.pt")
+def _bomb_pt(d: Path, floats: int = BOMB_FLOATS) -> Path:
+    return deflated_copy(torch_bytes({"x": torch.zeros(floats), "y": torch.zeros(4)}), d / "bomb.pt")
 
 
-def _bomb_npz(d: Path) -> Path:
-    np.savez_compressed(d / "bomb.npz", x=np.zeros(BOMB_FLOATS, np.float32), y=np.zeros(4, np.int64))
+def _bomb_npz(d: Path, floats: int = BOMB_FLOATS) -> Path:
+    np.savez_compressed(d / "bomb.npz", x=np.zeros(floats, np.float32), y=np.zeros(4, np.int64))
     return d / "bomb.npz"
 
 
@@ -293,6 +293,10 @@ CASES = [
          r"limits\.memory_gb=11"),
     Case("pt legacy format", lambda d: lambda: read_tensors(_legacy(d), "model.checkpoint"),
          r"model\.checkpoint: .*legacy\.pt' is not a zip-format torch file"),
+    Case("pt bomb of 160 MB within the memory budget", lambda d: lambda: checkpoint(_bomb_pt(d, 40 * 2**20)),
+         r"model\.checkpoint: .*bomb\.pt' inflates 0\.1\d* MB of compressed data to 160 MB \(1,0\d\d×, a decomp"),
+    Case("npz bomb of 160 MB within the memory budget", lambda d: lambda: load(_bomb_npz(d, 40 * 2**20)),
+         r"input\.path: .*bomb\.npz' inflates 0\.1\d* MB of compressed data to 160 MB"),
     Case("npz bomb as data set", lambda d: lambda: load(_bomb_npz(d)),
          r"input\.path: would need 0\.0625 GB \(the arrays .*bomb\.npz' declares", SMALL),
     Case("npz member lying header", lambda d: lambda: load(_npz_lying(d)),

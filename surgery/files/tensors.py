@@ -33,6 +33,8 @@ SAFETENSORS_DTYPE_BYTES = {
     "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8, "C128": 16,
 }  # fmt: skip
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own cap on its JSON header
+MAX_EXPANSION = 100  # under a memory limit, zip entries may not inflate more than this many times ...
+EXPANSION_FLOOR = 128 * 2**20  # ... past this many bytes: a 3 MB file inflating to 4 GB is a bomb, whatever the budget
 
 
 def _size(nbytes: float) -> str:
@@ -69,13 +71,26 @@ def safetensors_bytes(path: Path, key: str) -> int:
     return total
 
 
-def torch_zip_bytes(path: Path, key: str) -> int:
-    """The uncompressed bytes a torch zip file (``torch.save``'s format) declares for its entries."""
+def torch_zip_entries(path: Path, key: str) -> list[zipfile.ZipInfo]:
+    """The entries of a torch zip file (``torch.save``'s format), each with its declared uncompressed size."""
     try:
         with zipfile.ZipFile(path) as archive:
-            return sum(entry.file_size for entry in archive.infolist())
+            return archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise ConfigError(f"{key}: cannot read {str(path)!r} as .pt ({read_failure(e)})") from None
+
+
+def check_expansion(path: Path, entries: list[zipfile.ZipInfo], key: str) -> int:
+    """The uncompressed bytes ``entries`` declare; under a memory limit, refused when they inflate like a bomb."""
+    declared = sum(e.file_size for e in entries)
+    packed = sum(e.compress_size for e in entries)
+    if active().memory_gb is not None and declared > max(EXPANSION_FLOOR, MAX_EXPANSION * packed):
+        raise ConfigError(
+            f"{key}: {str(path)!r} inflates {_size(packed)} of compressed data to {_size(declared)}"
+            f" ({declared // max(packed, 1):,}×, a decompression bomb); a file from others may inflate at most"
+            f" {MAX_EXPANSION}× past {_size(EXPANSION_FLOOR)}. Save it again uncompressed (torch.save, np.savez)"
+        )
+    return declared
 
 
 def npy_header(f: IO[bytes], where: str, key: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -139,6 +154,8 @@ def npz_names(path: Path, key: str) -> list[str]:
 def read_npz(path: Path, names: list[str], key: str) -> dict[str, torch.Tensor]:
     """The ``names`` arrays of an .npz, their declared sizes checked first."""
     _declared(path, key, npz_bytes(path, names, key), "arrays")
+    with zipfile.ZipFile(path) as archive:
+        check_expansion(path, [archive.getinfo(f"{name}.npy") for name in names], key)
     try:
         with np.load(path, allow_pickle=False) as arrays:
             return {name: owned(torch.from_numpy(arrays[name])) for name in names}
@@ -158,7 +175,9 @@ def read_npy(path: Path, key: str) -> torch.Tensor:
 def _check_torch_file(path: Path, key: str) -> None:
     """A .pt/.pth/.bin is a zip whose declared sizes fit; a legacy (pre-zip) file cannot be checked first."""
     if zipfile.is_zipfile(path):
-        _declared(path, key, torch_zip_bytes(path, key))
+        entries = torch_zip_entries(path, key)
+        _declared(path, key, sum(e.file_size for e in entries))
+        check_expansion(path, entries, key)
     elif active().memory_gb is not None:
         raise ConfigError(
             f"{key}: {str(path)!r} is not a zip-format torch file (torch.save's format since PyTorch 1.6), so its"
