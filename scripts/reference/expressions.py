@@ -10,10 +10,11 @@ import torch.nn.functional as F  # noqa: N812
 
 from scripts.reference.config import table
 from scripts.reference.expression_cases import EXAMPLES, GRAMMAR, INDEXES, PLACES, REFUSED, VARIABLES
-from surgery.errors import ConfigError
+from surgery.errors import ActionError, ConfigError
 from surgery.expr import check as expr
 from surgery.expr import parsing
 from surgery.expr import runtime as expr_runtime
+from surgery.expr import work as expr_work
 
 WHERE = "actions.NAME.expr"
 
@@ -183,6 +184,66 @@ def worked_examples() -> list[str]:
     return lines
 
 
+def expression_bounds() -> list[str]:
+    """The resource bounds of one evaluation, from surgery/expr/work.py, with a refusal of each kind."""
+    w = expr_work
+
+    def failure(text: str) -> str:
+        x = torch.ones(64)  # a 64-element input: each bound at its floor
+        try:
+            expr.compile_expr(text, "actions.act.expr")(x=x)
+        except ActionError as error:
+            return str(error)
+        raise ValueError(f"{text!r} was expected to fail on a 64-element input")
+
+    rows = [
+        ["one value", f"max({w.GROWTH} × N, {w.MIN_ELEMENTS:,}) elements", f"{w.MAX_ELEMENTS:,}"],
+        ["all values one evaluation makes", f"max({w.LIVE} × N, {w.MIN_LIVE:,}) elements", f"{w.MAX_LIVE:,}"],
+        ["operations, estimated from shapes", f"max({w.WORK} × N^1.5, {w.MIN_WORK:,})", f"{w.MAX_WORK:,}"],
+        ["tensors split off by `.split`/`.chunk`", f"{w.MAX_PIECES:,}", f"{w.MAX_PIECES:,}"],
+    ]
+    return [
+        "No expression can make tensors or take time without bound. Each evaluation keeps an account of",
+        "what it makes and does, against bounds that grow with N, the element count of the largest tensor it",
+        "is given (its variables and the hooked module's own parameters and buffers):",
+        "",
+        *table(["what", "bound", "never more than"], rows),
+        "",
+        "Operations are estimated from shapes: one per element made, one per element a reduction reads",
+        "(`sum`, `mean`, `amax`, `norm`, ...), `2·m·n·k` for `@`, `matmul` and `linear`, for `einsum`",
+        "2 × the product of the sizes of every index in each step of contracting left to right (as torch",
+        f"does), and {w.SORT_COST}·n·log2(n) for `sort`, `topk`, `kthvalue` and `quantile`. Views (`expand`,",
+        "`transpose`, `view`, slices) make nothing. Why N^1.5: one matrix product of two operands no larger",
+        f"than the inputs, whose result keeps the one-value bound, takes at most 8 × N^1.5 operations, so {w.WORK} ×",
+        "N^1.5 leaves room for several. `linear(x, module.weight)` on a 4096-wide layer over 4,096 tokens",
+        "takes 2^37 of its 2^42; attention scores recomputed with `einsum('bhqd,bhkd->bhqk', q, k)` from",
+        "queries and keys of N elements are one such product (while the scores keep the one-value bound).",
+        "An expression over a 64-element input stops after about a second of CPU.",
+        "",
+        "What can make more elements than its operands is checked before it allocates (`expand`,",
+        "broadcasting in arithmetic and comparisons, `@`, `matmul`, `linear`, `einsum`, `cat`, `stack`,",
+        "`where`, `maximum`, `minimum`, `pow`, `clamp`, `.max`/`.min` of two tensors, indexing with tensors",
+        "or lists), and so are the operations of products, reductions and sorts and the pieces of",
+        "`.split`/`.chunk`; the elements of every other result are counted as it returns, so an evaluation",
+        "overshoots the bound on all values by one value at most. Past a bound the hook fails with an error",
+        "naming the action and the expression:",
+        "",
+        "```",
+        failure("x[0].expand(4096, 4096) @ x[0].expand(4096, 4096)"),
+        failure("x[0].expand(2**24).split(1)"),
+        failure("(-x[0].expand(2**24), -x[0].expand(2**24), -x[0].expand(2**24), -x[0].expand(2**24), -x)"),
+        "```",
+        "",
+        "Literal sizes past a ceiling are refused when the plan is compiled:",
+        "",
+        "```",
+        refusal(expr.compile_expr, "x.flatten()[0].expand(10**11).sum()", "actions.act.expr"),
+        refusal(expr.compile_expr, "x.chunk(10**6)", "actions.act.expr"),
+        "```",
+        "",
+    ]
+
+
 def render_expressions() -> str:
     """The expression language reference as Markdown."""
     header = [
@@ -204,20 +265,7 @@ def render_expressions() -> str:
         "Where `expr` is not enough, `fn: pkg.module:function` calls Python (under `safe=true`, only the",
         "allowlisted callables of [behaviour.md](behaviour.md#custom-code)).",
         "",
-        "No expression can make tensors without bound. Every value it creates has at most",
-        f"max({expr_runtime.GROWTH} × N, {expr_runtime.MIN_ELEMENTS:,}) elements, and never more than"
-        f" {expr_runtime.MAX_ELEMENTS:,},",
-        "N being the element count of the largest tensor it is given (its variables and the hooked module's",
-        "own parameters and buffers). What can make more elements than its operands is checked before it",
-        "allocates: `expand`, broadcasting in arithmetic and comparisons, `@`, `matmul`, `linear`, `cat`,",
-        "`stack`, `where`, `maximum`, `minimum`, `pow`, `clamp`, `.max`/`.min` of two tensors, and indexing",
-        "with tensors or lists. Past the bound the hook fails with an error naming the action and the",
-        "expression; literal sizes past the ceiling are refused when the plan is compiled:",
-        "",
-        "```",
-        refusal(expr.compile_expr, "x.flatten()[0].expand(10**11).sum()", "actions.act.expr"),
-        "```",
-        "",
+        *expression_bounds(),
     ]
     body = expression_places() + expression_grammar() + expression_allowlists() + index_language()
     return "\n".join(header + body + worked_examples()).rstrip() + "\n"
