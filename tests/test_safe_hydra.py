@@ -329,6 +329,16 @@ def test_a_logging_config_logging_refuses_is_one_line_without_safe(capsys: pytes
     assert stop.value.code == 2 and err.startswith("error: hydra.job_logging: ") and err.count("\n") == 1
 
 
+def test_a_bad_log_format_is_refused_without_safe_mode_too() -> None:
+    cfg = hydra_composed(f"{F}.plain.format='%(nope)q'")
+    with pytest.raises(
+        ConfigError, match=r"^hydra\.job_logging\.formatters\.plain\.format: '%\(nope\)q' is not a valid"
+    ):
+        check_composed(cfg, [], multirun=False)
+    check_composed(hydra_composed(f"{F}.plain.format='%(custom)s'"), [], multirun=False)  # a filter may add it
+    check_composed(hydra_composed("+fmt='%(message)s'", f"{F}.plain.format=" + "${fmt}"), [], multirun=False)
+
+
 # ---------------------------------------------------------------- interpolations: loops and bombs, safe or not
 
 

@@ -72,7 +72,7 @@ def check_composed(config: DictConfig, overrides: list[str], multirun: bool) -> 
 
     safe = safe_in(config)
     check_interpolations(OmegaConf.to_container(config, resolve=False, enum_to_str=True), safe)
-    check_formats(config)
+    check_formats(config, safe)
     if safe:
         check_hydra(config, list(overrides), multirun)
 

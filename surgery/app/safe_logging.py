@@ -131,8 +131,9 @@ def check_log_files(node: Any, where: str, run_dir: Path) -> None:
             raise refused(at, str(file), "a regular file (not a FIFO, device or directory)")
 
 
-def check_formats(config: DictConfig) -> None:
-    """Every logging ``format`` is a valid format string naming only LogRecord fields (else logging fails per line)."""
+def check_formats(config: DictConfig, safe: bool) -> None:
+    """Every logging ``format`` is a valid format string (else logging fails on every line); under ``safe`` it also
+    names only LogRecord fields (no filter can add one there)."""
     fields = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
     for key in ("hydra_logging", "job_logging"):
         formatters = OmegaConf.select(
@@ -143,14 +144,16 @@ def check_formats(config: DictConfig) -> None:
         for name in map(str, formatters.keys()):
             at = f"hydra.{key}.formatters.{name}"
             entry = resolved(config, at)
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("format"), str):
+            if not isinstance(entry, Mapping) or "format" not in entry:
                 continue
-            text, style = entry["format"], entry.get("style", "%")
+            text, style = resolved(config, f"{at}.format"), resolved(config, f"{at}.style") if "style" in entry else "%"
+            if not isinstance(text, str) or "${" in text or style not in ("%", "{", "$"):
+                continue  # not resolvable yet, or a style logging itself refuses (one line when applied)
             try:
                 logging.Formatter(text, style=style, validate=True)
             except (ValueError, KeyError, TypeError) as e:
                 raise ConfigError(f"{at}.format: {text!r} is not a valid logging format ({e})") from None
-            unknown = sorted(set(re.findall(r"%\((\w+)\)", text)) - fields) if style == "%" else []
+            unknown = sorted(set(re.findall(r"%\((\w+)\)", text)) - fields) if style == "%" and safe else []
             if unknown:
                 raise ConfigError(
                     f"{at}.format: {text!r} names {', '.join(unknown)}, which a log record does not have"
