@@ -309,6 +309,8 @@ CASES = [
          r"model\.checkpoint: .*l\.safetensors' declares 3\.73 GB of tensors in a file of .*truncated"),
     Case("safetensors over the budget", lambda d: lambda: read_input_file(_safetensors_big(d), None),
          r"input\.path: would need 0\.0625 GB \(the tensors .*big\.safetensors' declares", SMALL),
+    Case("patch source over the budget", lambda d: lambda: patch_source(_safetensors_big(d)),
+         r"actions\.p\.from\.file: would need 0\.0625 GB \('x' of .*big\.safetensors'\)", SMALL),
     Case("safetensors rows batch", lambda d: lambda: load(_safetensors_rows(d), batch_size=16),
          r"input\.batch_size: would need 0\.0313 GB \(rows 0\.\.15 of .*rows\.safetensors'\)", SMALL),
     Case("safetensors header length", lambda d: lambda: read_tensors(_header_too_long(d), "model.checkpoint"),
@@ -415,6 +417,12 @@ def _header_too_long(d: Path) -> Path:
 def _png_file(d: Path, width: int, height: int) -> Path:
     (d / "big.png").write_bytes(png_bytes(width, height, colour=0))
     return d / "big.png"
+
+
+def patch_source(path: Path) -> Any:
+    from surgery.actions.sources import load_patch
+
+    return load_patch({"file": str(path), "key": "x"}, "actions.p.from")
 
 
 def checkpoint(path: Path) -> Any:

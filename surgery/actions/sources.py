@@ -19,6 +19,7 @@ each selected module, which counts every call (also those ``calls:`` leaves alon
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,9 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
     """The captured tensor ``source['key']`` of ``source['file']`` (a captures.safetensors)."""
     from safetensors import safe_open
 
+    from surgery.core.limits import check_memory
+    from surgery.files.tensors import SAFETENSORS_DTYPE_BYTES
+
     path = Path(str(source["file"]))
     if not path.is_file():
         raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")
@@ -69,6 +73,9 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
                     f"{where}.key: {key!r} is not in {str(path)!r}.{did_you_mean(key, keys)}"
                     f" Keys: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
                 )
+            declared = f.get_slice(key)  # a file from others: its header's size is checked before reading
+            check_memory(math.prod(declared.get_shape()) * SAFETENSORS_DTYPE_BYTES.get(declared.get_dtype(), 8),
+                         f"{where}.file", f"{key!r} of {str(path)!r}")  # fmt: skip
             return owned(f.get_tensor(key))  # aligned like the captured run's tensor: same GEMM path, same bits
     except ConfigError:
         raise
