@@ -508,3 +508,10 @@ def test_cli_says_one_line_for_an_unwritable_run_directory_and_a_config_nested_t
     result = cli("+model=mlp", "mode=plan", deep, cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("error: the config is nested too deeply"), result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_a_missing_config_is_not_mistaken_for_an_unwritable_run_directory() -> None:
+    from hydra.errors import MissingConfigException
+
+    missing = MissingConfigException("Could not find 'hydra/launcher/nope'", "hydra/launcher/nope")
+    assert "run directory" not in (hydra_hooks._message(missing) or "")

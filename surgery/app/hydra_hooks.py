@@ -255,7 +255,8 @@ def _message(error: Exception) -> str | None:
     for found in (error, error.__cause__, error.__context__):
         if isinstance(found, SurgeryError):  # our own check inside Hydra's loading (a config file's YAML)
             return str(found)
-    if isinstance(error, OSError):  # Hydra creating the run directory or writing .hydra/ into it
+    if isinstance(error, OSError) and error.errno is not None:  # creating the run directory, writing .hydra/ there
+        # (Hydra's MissingConfigException is an OSError too, without an errno)
         where = f"{error.filename}: " if error.filename else ""
         return (
             f"{where}cannot write the run directory there ({error.strerror or error}); choose another with"
