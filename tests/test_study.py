@@ -79,7 +79,8 @@ def hand_patching(model, clean, corrupt, shift_embed: float | None = None, noise
 def test_a_patching_grid_equals_the_hand_loop_bit_for_bit_and_restores_the_model(lm, tmp_path: Path) -> None:
     model, clean, corrupt = lm
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = surgery.study(model, PATCH, {"layer": "0:2", "pos": "all"}, corrupt, METRICS, source=clean, ci=0.9)
+    grid = {"layer": "0:2", "pos": "all"}
+    result = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, ci=0.9, batch_cells=1)
     assert torch.equal(result.values["logit_diff"], hand_patching(model, clean, corrupt))
     z = model(corrupt).logits[:, -1].double()
     assert torch.equal(result.baselines["unmodified"]["prob"], torch.softmax(z, -1)[:, 3])
@@ -97,7 +98,8 @@ def test_a_patching_grid_equals_the_hand_loop_bit_for_bit_and_restores_the_model
 
 def test_normalize_scales_the_first_metric_per_example_between_unmodified_and_source(lm) -> None:
     model, clean, corrupt = lm
-    result = surgery.study(model, PATCH, {"layer": [1], "pos": [1, 4]}, corrupt, METRICS, source=clean, normalize=True)
+    grid = {"layer": [1], "pos": [1, 4]}
+    result = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, normalize=True, batch_cells=1)
     raw = hand_patching(model, clean, corrupt)[1:, [1, 4]]
     with torch.no_grad():
         zc, zx = model(clean).logits[:, -1].double(), model(corrupt).logits[:, -1].double()
@@ -110,7 +112,7 @@ def test_passes_main_keeps_a_traces_noise_out_of_the_shared_clean_pass(lm) -> No
     model, clean, corrupt = lm
     shift = {"kind": "modify_output", "select": "transformer.wte", "op": "add", "value": 0.5, "passes": "main"}
     noise, grid = {"noise": shift}, {"layer": "0:2", "pos": "all"}
-    result = surgery.study(model, {**noise, **PATCH}, grid, corrupt, METRICS[:1], source=clean)
+    result = surgery.study(model, {**noise, **PATCH}, grid, corrupt, METRICS[:1], source=clean, batch_cells=1)
     assert torch.equal(result.values["logit_diff"], hand_patching(model, clean, corrupt, shift_embed=0.5))
     both = {"noise": {**noise["noise"], "passes": "both"}}  # the clean pass is noised too: each cell runs its own
     result = surgery.study(model, {**both, **PATCH}, grid, corrupt, METRICS[:1], source=clean)
@@ -120,8 +122,8 @@ def test_passes_main_keeps_a_traces_noise_out_of_the_shared_clean_pass(lm) -> No
 def test_batches_give_the_same_values_as_one_batch(lm) -> None:
     model, clean, corrupt = lm
     grid = {"layer": [0], "pos": [1, 2]}
-    whole = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean)
-    split = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_size=2)
+    whole = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_cells=1)
+    split = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_size=2, batch_cells=1)
     assert torch.allclose(whole.values["prob"], split.values["prob"], rtol=1e-6, atol=0)
 
 
@@ -160,3 +162,42 @@ def test_a_classifier_study_scores_labels_per_example() -> None:
             z = model[2](model[1](model[0](x)) * coef).double()
             assert torch.equal(result.values["loss"][i], torch.nn.functional.cross_entropy(z, y, reduction="none"))
             assert torch.equal(result.values["accuracy"][i], (z.argmax(-1) == y).double())
+
+
+def test_cells_share_forwards_by_rows_and_give_the_values_of_one_forward_per_cell(lm) -> None:
+    model, clean, corrupt = lm
+    grid = {"layer": "0:2", "pos": "all"}
+    forwards: list[int] = []
+    handle = model.register_forward_hook(lambda m, a, o: forwards.append(int(o.logits.shape[0])))
+    try:
+        one = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_cells=1)
+        one_count = len(forwards)
+        forwards.clear()
+        shared = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_cells=4)
+    finally:
+        handle.remove()
+    # probe, unmodified, source, shared source, then 10 cells: one each, or 3 forwards of 4 cells × 3 rows
+    assert one_count == 1 + 1 + 1 + 1 + 10
+    assert forwards == [4, 3, 3, 12, 12, 12, 12]
+    for name in ("logit_diff", "prob"):
+        assert torch.allclose(shared.values[name], one.values[name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"kind": "replace_forward", "select": "transformer.h.{layer}.mlp", "fn": "zero"}, "does not act per example"),
+        ({"kind": "modify_output", "select": "transformer.h.{layer}", "op": "add", "value": 1.0, "index": "[0, {pos}]"},
+         "its first subscript picks rows"),
+        ({"kind": "modify_output", "select": "transformer.h.{layer}", "op": "add", "value": 1.0, "index": "[:, {pos}]"},
+         "changes the source pass too"),
+    ],
+)  # fmt: skip
+def test_cells_that_do_not_act_per_row_refuse_shared_forwards_and_run_one_each(lm, change, why) -> None:
+    model, clean, corrupt = lm
+    actions, grid = {"c": change}, {"layer": [0, 1], **({"pos": [1]} if "{pos}" in str(change) else {})}
+    with pytest.raises(ConfigError, match=f"^study.batch_cells: 2 cells cannot share a forward: actions.c.*{why}"):
+        surgery.study(model, actions, grid, corrupt, METRICS, source=clean, batch_cells=2)
+    auto = surgery.study(model, actions, grid, corrupt, METRICS, source=clean)
+    one = surgery.study(model, actions, grid, corrupt, METRICS, source=clean, batch_cells=1)
+    assert torch.equal(auto.values["prob"], one.values["prob"])

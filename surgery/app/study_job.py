@@ -54,6 +54,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     result = run_study(
         model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
         ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
+        batch_cells=study.batch_cells,
         safe=settings.safe,
     )  # fmt: skip
     seconds = time.perf_counter() - clock

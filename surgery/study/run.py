@@ -25,6 +25,7 @@ from surgery.lm.text import IGNORE
 from surgery.study.grid import cells, check_uses, fill, parse_grid
 from surgery.study.metrics import PerExample, parse_metrics
 from surgery.study.result import StudyResult
+from surgery.study.rows import cells_per_forward, interleave, restricted, why_not_rowwise
 from surgery.study.stats import N_BOOT, bootstrap, mean, normalized
 
 _GLOB_CHARACTERS = set("*?[]")
@@ -57,6 +58,16 @@ class Inputs:
         if self.examples == 1:
             return self
         return Inputs(tuple(t[start:stop] for t in self.args), {k: v[start:stop] for k, v in self.kwargs.items()})
+
+    def repeated(self, n: int) -> Inputs:
+        """A one-example input as ``n`` copies of it."""
+        return Inputs(tuple(t.expand(n, *t.shape[1:]) for t in self.args),
+                      {k: v.expand(n, *v.shape[1:]) for k, v in self.kwargs.items()})  # fmt: skip
+
+    def interleaved(self, k: int) -> Inputs:
+        """Each example repeated ``k`` times in a row: cell ``j`` of a shared forward owns rows ``j::k``."""
+        return Inputs(interleave(self.args, k), dict(zip(self.kwargs, interleave(tuple(self.kwargs.values()), k),
+                                                         strict=True)))  # fmt: skip
 
     def run(self, model: nn.Module) -> Any:
         """The model's output on these inputs."""
@@ -109,12 +120,22 @@ def _cell_text(cell: Mapping[str, Any]) -> str:
 
 
 def plan_cells(
-    model: nn.Module, actions: dict[str, Any], grid_cells: list[dict[str, Any]], seed: int, strict: bool, safe: bool
+    model: nn.Module,
+    actions: dict[str, Any],
+    grid_cells: list[dict[str, Any]],
+    seed: int,
+    strict: bool,
+    safe: bool,
+    k: int = 1,
 ) -> tuple[list[dict[str, Any]], list[Plan]]:
-    """Every cell's actions (placeholders filled) and plan, compiled once; a cell that fails is named."""
+    """Every cell's actions (placeholders filled; with ``k`` cells a forward, cut to its rows) and plan, compiled once.
+
+    A cell that fails is named.
+    """
     filled, plans = [], []
-    for cell in grid_cells:
+    for i, cell in enumerate(grid_cells):
         node = fill(actions, cell)
+        node = node if k == 1 else restricted(node, i % k, k)
         try:
             plans.append(compile_plan(model, node, seed=seed, strict=strict, safe=safe))
         except SurgeryError as e:
@@ -202,6 +223,7 @@ def run_study(
     tokenizer: Any = None,
     seed: int = 0,
     batch_size: int | None = None,
+    batch_cells: Any = "auto",
     strict: bool = True,
     safe: bool = False,
 ) -> StudyResult:
@@ -220,39 +242,73 @@ def run_study(
     if labels is None:
         labels = data.text_labels()
     grid_cells = cells(parsed)
-    filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe)
-    step = batch_size or data.examples
-    probe_cells(model, plans, grid_cells, data.rows(0, min(1, data.examples)))
-    sharing = shared_captures(filled, plans) if src is not None else None
     n = data.examples
+    step = batch_size or n
+    if src is not None and src.examples != n:
+        src = src.repeated(n)  # one source example serves every row: the same rows as the inputs
+    k = _cells_per_forward(spec, grid_cells, batch_cells, step, src is not None)
+    filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k)
+    first = data.rows(0, 1)
+    probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
+    sharing = shared_captures(filled, plans) if src is not None else None
     values = {m.name: torch.full((len(plans), n), torch.nan, dtype=torch.float64) for m in bound}
     base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
     src_base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
+    groups = [list(range(g, min(g + k, len(plans)))) for g in range(0, len(plans), k)]
     for start in range(0, n, step):
-        stop = min(start + step, n)
-        batch, y = data.rows(start, stop), None if labels is None else labels[start:stop]
+        rows = slice(start, min(start + step, n))
+        batch, y = data.rows(rows.start, rows.stop), None if labels is None else labels[rows]
+        clean = src.rows(rows.start, rows.stop) if src is not None else None
         with torch.no_grad():
             reference = logits_of(batch.run(model))
-            _score(bound, base, slice(start, stop), reference, y, reference)
-            if src is not None:
-                _score(bound, src_base, slice(start, stop), logits_of(src.rows(start, stop).run(model)), y, reference)
-            shared = _shared_source(model, sharing, src.rows(start, stop)) if sharing and src else None
+            _score(bound, base, rows, reference, y, reference)
+            if clean is not None:
+                _score(bound, src_base, rows, logits_of(clean.run(model)), y, reference)
+            replicated = batch if k == 1 else batch.interleaved(k)
+            shared = None
+            if sharing is not None and clean is not None:
+                shared = _shared_source(model, sharing, clean if k == 1 else clean.interleaved(k))
             try:
-                for i, plan in enumerate(plans):
-                    with apply_plan(model, plan) as surgery:
-                        if shared is not None and sharing is not None:
-                            _inject(surgery, shared, sharing[1][i])
-                        elif src is not None:
-                            with surgery.source_pass():
-                                src.rows(start, stop).run(model)
-                        logits = logits_of(batch.run(model))
-                    for metric in bound:
-                        values[metric.name][i, start:stop] = metric(logits, y, reference)
+                for group in groups:
+                    logits = _run_group(model, [plans[i] for i in group], replicated, shared,
+                                        [sharing[1][i] for i in group] if sharing else None, clean)  # fmt: skip
+                    for j, i in enumerate(group):
+                        for metric in bound:
+                            values[metric.name][i, rows] = metric(logits[j::k], y, reference)
             finally:
                 if shared is not None:
                     shared.remove()
     return _result(parsed, grid_cells, bound, values, base, src_base if src is not None else None, normalize, ci,
                    n_boot, seed, tokenizer, ids)  # fmt: skip
+
+
+def _cells_per_forward(
+    spec: dict[str, Any], grid_cells: list[dict[str, Any]], wanted: Any, rows: int, sourced: bool
+) -> int:
+    """How many cells share one forward (``batch_cells``): more than one only where every cell acts per row."""
+    why = next((w for cell in grid_cells if (w := why_not_rowwise(fill(spec, cell), sourced)) is not None), None)
+    return cells_per_forward(wanted, len(grid_cells), rows, why)
+
+
+def _run_group(
+    model: nn.Module, plans: list[Plan], batch: Inputs, shared: Surgery | None, names: list[dict[str, str]] | None,
+    source: Inputs | None,
+) -> torch.Tensor:  # fmt: skip
+    """One forward with every plan of the group applied (each cut to its own rows when there are several)."""
+    applied: list[Surgery] = []
+    try:
+        for j, plan in enumerate(plans):
+            surgery = apply_plan(model, plan)
+            applied.append(surgery)
+            if shared is not None and names is not None:
+                _inject(surgery, shared, names[j])
+            elif source is not None:  # the source pass depends on the cell: this cell runs its own
+                with surgery.source_pass():
+                    source.run(model)
+        return logits_of(batch.run(model))
+    finally:
+        for surgery in reversed(applied):
+            surgery.remove()
 
 
 def _shared_source(model: nn.Module, sharing: tuple[dict[str, Any], Any], source: Inputs) -> Surgery | None:
