@@ -24,7 +24,7 @@ from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
-from surgery.files.write import write_json, write_tensors
+from surgery.files.write import expect_disk, write_json, write_tensors
 
 
 def forward(
@@ -303,6 +303,9 @@ def run_batches(job: Job, surgery: Surgery, out_dir: Path, scoring: Scoring | No
             first = output if batch == 0 else first
             prints.append(fingerprint(output))
             shards += write_shard(surgery, out_dir / "captures", shards)
+            if batch == 0 and shards:  # as many shards as batches: a run that would pass limits.disk_gb stops now
+                size = (out_dir / "captures" / "batch-00000.safetensors").stat().st_size
+                expect_disk((job.batches - 1) * size, f"actions.{min(_streamed(job.plan))}.to")
             job.reached.done = batch + 1
             if job.interrupts.requested:
                 break

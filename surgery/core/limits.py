@@ -75,6 +75,12 @@ def check_disk(nbytes: float, written: float, key: str) -> None:
         )
 
 
+def written() -> float:
+    """Bytes charged with :func:`charge_disk` so far in the current :func:`enforced` block (0 outside one)."""
+    counter = _WRITTEN.get(None)
+    return counter[0] if counter else 0.0
+
+
 def charge_disk(nbytes: float, key: str) -> None:
     """Count ``nbytes`` the run is about to write against ``limits.disk_gb`` (:func:`check_disk`), before writing."""
     written = _WRITTEN.get(None)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from surgery.core.limits import charge_disk
+from surgery.core.limits import charge_disk, check_disk, written
 
 SAFETENSORS_ENTRY_BYTES = 128  # a generous bound on one tensor's entry in the safetensors JSON header
 
@@ -44,6 +44,11 @@ def write_atomic(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def expect_disk(nbytes: float, key: str) -> None:
+    """Refuse now a run that is going to write ``nbytes`` more (say, one shard a batch) past ``limits.disk_gb``."""
+    check_disk(nbytes, written(), key)
 
 
 def _umask() -> int:
