@@ -92,7 +92,7 @@ class RunSettings:
     verbose: bool = False  # full tracebacks on errors; mode=plan|run also list every matched name
     distributed: Any = None  # under torchrun: {wrap: none | ddp | fsdp} (docs/distributed.md)
     study: Any = None  # a grid of interventions scored per example (SPEC §13; surgery/study/config.py)
-    limits: Any = None  # {memory_gb, disk_gb, count}: what the run may cost; null values are safe mode's defaults
+    limits: Any = None  # {memory_gb, disk_gb, count}: null is unbounded, or safe=true's 8, 8, 10000 (docs/sharing.md)
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)
