@@ -71,3 +71,57 @@ def test_the_cli_runs_a_study_and_exits_0(lm_dir: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "study: 10 cells × 1 examples" in result.stdout
     assert (tmp_path / "run" / "study.csv").is_file() and (tmp_path / "run" / "plots" / "study_kl.png").is_file()
+
+
+def test_an_interrupted_study_resumes_computing_only_the_missing_cells(
+    lm_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from surgery.study import run
+
+    real, ran = run._run_group, []
+
+    def stopping(*args, **kwargs):
+        if len(ran) == 3:
+            raise KeyboardInterrupt  # as a second Ctrl-C would stop the job where it is
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    cfg = composed(*args(lm_dir, "study.batch_cells=1"))
+    monkeypatch.setattr(run, "_run_group", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(cfg, tmp_path)
+    assert (tmp_path / "study.partial.safetensors").is_file() and not (tmp_path / "study.safetensors").exists()
+    ran.clear()
+    monkeypatch.setattr(run, "_run_group", lambda *a, **k: (ran.append(1), real(*a, **k))[1])
+    run_job(cfg, tmp_path)
+    assert len(ran) == 10 - 3  # only the cells the interrupted run had not scored
+    assert not (tmp_path / "study.partial.safetensors").exists()
+    fresh = tmp_path / "fresh"
+    run_job(cfg, fresh)
+    resumed, whole = load_file(tmp_path / "study.safetensors"), load_file(fresh / "study.safetensors")
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_a_resume_with_another_config_is_refused(lm_dir: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    from surgery.study import run
+
+    real, ran = run._run_group, []
+
+    def stop(*a, **k):
+        if ran:
+            raise KeyboardInterrupt
+        ran.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(run, "_run_group", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(composed(*args(lm_dir, "study.batch_cells=1")), tmp_path)
+    monkeypatch.undo()
+    from surgery.study import resume
+
+    resume_path = tmp_path / resume.PARTIAL
+    assert resume_path.is_file()
+    with pytest.raises(ConfigError, match=r"^hydra.run.dir: .* holds an interrupted study of another config"):
+        run_job(composed(*args(lm_dir, "study.batch_cells=1", "study.normalize=true")), tmp_path)

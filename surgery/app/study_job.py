@@ -26,6 +26,7 @@ from surgery.files.write import write_json, write_tensors, write_text
 from surgery.study.config import StudyConfig
 from surgery.study.grid import cells, check_uses, parse_grid
 from surgery.study.result import StudyResult
+from surgery.study.resume import PARTIAL, Progress, load_partial, saver
 from surgery.study.run import check_method, plan_cells, run_study
 
 
@@ -51,11 +52,11 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if settings.mode == "plan":
         return _plan_only(model, actions, study, inputs, data, settings, out_dir, report)
     src = None if source is None else _gathered(source)[0]
+    progress = _progress(out_dir, report["fingerprints"], model, study, inputs, data)
     result = run_study(
         model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
         ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
-        batch_cells=study.batch_cells,
-        safe=settings.safe,
+        safe=settings.safe, batch_cells=study.batch_cells, progress=progress,
     )  # fmt: skip
     seconds = time.perf_counter() - clock
     write_tensors(out_dir / "study.safetensors", result.tensors())
@@ -72,8 +73,29 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", study_markdown(report, result))
+    (out_dir / PARTIAL).unlink(missing_ok=True)  # every cell is in study.safetensors now
     say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; wrote {out_dir}")
     return report
+
+
+def _progress(
+    out_dir: Path, prints: dict[str, str], model: Any, study: StudyConfig, inputs: Any, data: Batches
+) -> Progress:
+    """An interrupted study's progress in ``out_dir`` (refused if another config, model or input), else a fresh one."""
+    from surgery.study.metrics import parse_metrics
+    from surgery.study.run import Inputs
+
+    ids = Inputs.of(inputs, "input").token_ids()
+    grid = parse_grid(study.grid, positions=int(ids.shape[1]) if ids is not None else None)
+    names = [m.name for m in parse_metrics(study.metrics, data.tokenizer)]
+    prints = {**prints, "model": fingerprint(model.state_dict())}
+    size = len(cells(grid))
+    partial = out_dir / PARTIAL
+    progress = load_partial(partial, prints, names, size, data.examples) or Progress.fresh(names, size, data.examples)
+    if progress.done.any():
+        say(f"study: resuming; {int(progress.done.all(dim=1).sum())} of {size} cells were scored before ({partial})")
+    progress.save_with = saver(partial, prints)
+    return progress
 
 
 def _plan_only(

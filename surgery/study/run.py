@@ -25,6 +25,7 @@ from surgery.lm.text import IGNORE
 from surgery.study.grid import cells, check_uses, fill, parse_grid
 from surgery.study.metrics import PerExample, parse_metrics
 from surgery.study.result import StudyResult
+from surgery.study.resume import Progress
 from surgery.study.rows import cells_per_forward, interleave, restricted, why_not_rowwise
 from surgery.study.stats import N_BOOT, bootstrap, mean, normalized
 
@@ -226,6 +227,7 @@ def run_study(
     batch_cells: Any = "auto",
     strict: bool = True,
     safe: bool = False,
+    progress: Progress | None = None,
 ) -> StudyResult:
     """Every cell of ``grid`` applied to ``model`` and scored per example by ``metrics`` (see :func:`surgery.study`)."""
     data = Inputs.of(inputs, "inputs")
@@ -251,7 +253,8 @@ def run_study(
     first = data.rows(0, 1)
     probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
     sharing = shared_captures(filled, plans) if src is not None else None
-    values = {m.name: torch.full((len(plans), n), torch.nan, dtype=torch.float64) for m in bound}
+    progress = progress or Progress.fresh([m.name for m in bound], len(plans), n)
+    values = progress.values
     base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
     src_base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
     groups = [list(range(g, min(g + k, len(plans)))) for g in range(0, len(plans), k)]
@@ -270,11 +273,18 @@ def run_study(
                 shared = _shared_source(model, sharing, clean if k == 1 else clean.interleaved(k))
             try:
                 for group in groups:
+                    if not progress.pending(group, rows):  # scored before an interruption (resume)
+                        continue
                     logits = _run_group(model, [plans[i] for i in group], replicated, shared,
                                         [sharing[1][i] for i in group] if sharing else None, clean)  # fmt: skip
                     for j, i in enumerate(group):
                         for metric in bound:
                             values[metric.name][i, rows] = metric(logits[j::k], y, reference)
+                    progress.finished(group, rows)
+            except BaseException:  # Ctrl-C or a failure: keep what finished for a rerun to resume from
+                if progress.done.any():
+                    progress.save()
+                raise
             finally:
                 if shared is not None:
                     shared.remove()

@@ -1,0 +1,101 @@
+"""A study's finished cells, kept as it goes, so a rerun in the same run directory computes only the rest.
+
+``study.partial.safetensors`` holds ``values/METRIC`` ``[cells, examples]`` and ``done``
+``[cells, examples]`` (1 where that cell has scored that example), with the fingerprints of the config,
+the model's weights and the input in its metadata: a rerun whose fingerprints differ is refused
+rather than mixed. The file is written atomically (at most every few seconds, and at the end) and
+removed once the study's own files are written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from surgery.errors import ConfigError
+
+PARTIAL = "study.partial.safetensors"
+EVERY_S = 2.0
+
+
+class Progress:
+    """Which (cell, example) pairs are scored, their values, and how to save them."""
+
+    def __init__(
+        self, values: dict[str, torch.Tensor], done: torch.Tensor, save: Callable[[Progress], None] | None = None
+    ) -> None:
+        self.values, self.done, self.save_with = values, done, save
+        self._saved_at = time.monotonic()
+
+    @classmethod
+    def fresh(
+        cls, metrics: list[str], cells: int, examples: int, save: Callable[[Progress], None] | None = None
+    ) -> Progress:
+        """Nothing scored yet."""
+        values = {m: torch.full((cells, examples), torch.nan, dtype=torch.float64) for m in metrics}
+        return cls(values, torch.zeros(cells, examples, dtype=torch.bool))
+
+    def pending(self, cells: list[int], rows: slice) -> bool:
+        """Whether any of ``cells`` still has to score an example of ``rows``."""
+        return not bool(self.done[cells, rows].all())
+
+    def finished(self, cells: list[int], rows: slice) -> None:
+        """Mark ``cells`` × ``rows`` scored; save when a while has passed since the last save."""
+        self.done[cells, rows] = True
+        if self.save_with is not None and time.monotonic() - self._saved_at >= EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        """Save now (when there is somewhere to save)."""
+        if self.save_with is not None:
+            self.save_with(self)
+            self._saved_at = time.monotonic()
+
+    @property
+    def complete(self) -> bool:
+        """Whether every cell scored every example."""
+        return bool(self.done.all())
+
+
+def load_partial(path: Path, prints: dict[str, str], metrics: list[str], cells: int, examples: int) -> Progress | None:
+    """An interrupted study's progress from ``path``, or None when there is none; refused when it is another study."""
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    from surgery.files.tensors import read_tensors
+
+    with safe_open(str(path), framework="pt") as f:
+        saved = dict(f.metadata() or {})
+    for name, value in prints.items():
+        if saved.get(name) != value:
+            raise ConfigError(
+                f"hydra.run.dir: {path.parent} holds an interrupted study of another {name} ({PARTIAL});"
+                " rerun the same command there, or choose another hydra.run.dir"
+            )
+    tensors = read_tensors(path, "study partial")
+    done = tensors.pop("done").bool()
+    values = {m: tensors.get(f"values/{m}") for m in metrics}
+    if done.shape != (cells, examples) or any(v is None or v.shape != done.shape for v in values.values()):
+        raise ConfigError(
+            f"hydra.run.dir: {path} does not fit this study's cells and examples; choose another hydra.run.dir"
+        )
+    return Progress({m: v for m, v in values.items() if v is not None}, done)
+
+
+def saver(path: Path, prints: dict[str, str]) -> Callable[[Progress], None]:
+    """Write a Progress to ``path`` atomically, with the fingerprints in its metadata."""
+
+    def save(progress: Progress) -> None:
+        from safetensors.torch import save_file
+
+        from surgery.files.write import write_atomic
+
+        tensors = {f"values/{m}": v.contiguous() for m, v in progress.values.items()}
+        tensors["done"] = progress.done.to(torch.uint8)
+        write_atomic(path, lambda p: save_file(tensors, str(p), metadata=dict(prints)))
+
+    return save
