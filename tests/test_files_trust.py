@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -281,6 +282,51 @@ def _hf_not_a_file(d: Path) -> Callable[[], Any]:
     return lambda: load(root)
 
 
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _fifo_image(d: Path) -> Callable[[], Any]:
+    root = _image_folder(d)
+    _fifo(root / "a" / "2.png")
+    return lambda: load(root)
+
+
+def _dev_zero_image(d: Path) -> Callable[[], Any]:
+    root = _image_folder(d)
+    (root / "a" / "2.png").symlink_to("/dev/zero")
+    return lambda: load(root)
+
+
+def _fifo_arrow(d: Path) -> Callable[[], Any]:
+    root = numbers_dataset(d / "ds")
+    name = json.loads((root / "state.json").read_text())["_data_files"][0]["filename"]
+    (root / name).unlink()
+    _fifo(root / name)
+    return lambda: load(root)
+
+
+def _fifo_info(d: Path) -> Callable[[], Any]:
+    root = numbers_dataset(d / "ds")
+    (root / "dataset_info.json").unlink()
+    _fifo(root / "dataset_info.json")
+    return lambda: load(root)
+
+
+def _big_state(d: Path) -> Callable[[], Any]:
+    root = numbers_dataset(d / "ds")
+    state = json.loads((root / "state.json").read_text())
+    (root / "state.json").write_text(json.dumps({**state, "padding": "x" * 2**21}))
+    return lambda: load(root)
+
+
+def _split_itself(d: Path) -> Callable[[], Any]:
+    (d / "dd").mkdir()
+    (d / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": [""]}))
+    return lambda: load(d / "dd", split="test")
+
+
 CASES = [
     # ---- decompression bombs: declared sizes checked before reading
     Case("pt bomb as checkpoint", lambda d: lambda: read_tensors(_bomb_pt(d), "model.checkpoint"),
@@ -363,6 +409,17 @@ CASES = [
          r"input\.path: the image folder .*images' names 'c' \(a symlink to .*outside'\), outside"),
     Case("a nested Image column", _nested_images,
          r"input\.x_key: column 'x' of .*ds' holds Image values, which datasets would decode \(and may fetch\)"),
+    # ---- pipes and devices are never opened (reading one blocks or never ends)
+    Case("a pipe among the images", _fifo_image, r"input\.path: .*images/a/2\.png' is not a regular file"),
+    Case("an image symlinked to /dev/zero", _dev_zero_image, r"input\.path: .*/dev/zero' is not a regular file",
+         Limits()),
+    Case("a pipe as the data set file", lambda d: lambda: load(_fifo(d / "data.npz")),
+         r"input\.path: .*data\.npz' is not a regular file"),
+    Case("a pipe as an Arrow file", _fifo_arrow, r"input\.path: .*data-00000-of-00001\.arrow' is not a regular file"),
+    Case("a pipe as dataset_info.json", _fifo_info, r"input\.path: .*dataset_info\.json' is not a regular file"),
+    Case("state.json of 2 MB over the budget", _big_state,
+         r"input\.path: would need 0\.06\d* GB \(parsing .*state\.json'\)", SMALL),
+    Case("a split naming its own directory", _split_itself, r"input\.path: cannot read .*dd' as a datasets directory"),
     # ---- disk: every write charged before the file appears
     Case("report.json past the disk budget", lambda d: lambda: write_json(d / "run" / "report.json", [0] * 10**5),
          r"report\.json: the run would write 0\.000\d+ GB, more than limits\.disk_gb=1e-05",
@@ -463,13 +520,22 @@ def nothing_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets.Image, "decode_example", reached)  # datasets never decodes (or fetches) an image
 
 
+def _too_long(signum: int, frame: Any) -> None:
+    raise AssertionError("the reader blocked for 60 s")
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_files_from_others_are_refused_before_they_cost(case: Case, tmp_path: Path, nothing_decoded: None) -> None:
     pytest.importorskip("datasets")
     run = case.build(tmp_path)
+    signal.signal(signal.SIGALRM, _too_long)
+    signal.alarm(60)  # a reader that blocks (a pipe) fails the test rather than hanging it
     clock = time.perf_counter()
-    with enforced(case.limits), pytest.raises(ConfigError) as caught:
-        run()
+    try:
+        with enforced(case.limits), pytest.raises(ConfigError) as caught:
+            run()
+    finally:
+        signal.alarm(0)
     assert time.perf_counter() - clock < SECONDS
     message = str(caught.value)
     assert "\n" not in message

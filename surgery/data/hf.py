@@ -21,24 +21,31 @@ from torch.utils.data import Dataset
 from surgery.core.limits import check_memory
 from surgery.errors import ConfigError
 from surgery.files.images import decode_image, open_image_bytes
-from surgery.files.paths import inside
+from surgery.files.paths import inside, must_be_file, read_failure
+
+JSON_GROWTH = 32  # Python objects parsed from JSON take up to this many times the text's bytes
 
 
-def check_directory(path: Path) -> None:
-    """Every split and Arrow file the directory's JSON names is a local path that may be read."""
+def check_directory(path: Path, split: bool = False) -> None:
+    """Every split and Arrow file the directory's JSON names is a local regular file that may be read."""
+    for info in ("dataset_dict.json", "dataset_info.json", "state.json"):  # the JSON itself first
+        if (path / info).exists() or (path / info).is_symlink():
+            must_be_file(inside(info, path, "input.path", f"the datasets directory {str(path)!r}"), "input.path")
     dict_file = path / "dataset_dict.json"
-    if dict_file.exists():
-        for split in _json(dict_file).get("splits", []):
-            check_directory(inside(str(split), path, "input.path", f"{str(dict_file)!r}"))
+    if dict_file.exists() and not split:  # a split is one data set: its own dataset_dict.json is never read
+        for name in _json(dict_file).get("splits", []):
+            check_directory(inside(str(name), path, "input.path", f"{str(dict_file)!r}"), split=True)
         return
     state_file = path / "state.json"
     if state_file.exists():
         for entry in _json(state_file).get("_data_files", []):
             name = entry.get("filename", "") if isinstance(entry, dict) else entry
-            inside(str(name), path, "input.path", f"{str(state_file)!r}")
+            must_be_file(inside(str(name), path, "input.path", f"{str(state_file)!r}"), "input.path")
 
 
 def _json(path: Path) -> dict[str, Any]:
+    must_be_file(path, "input.path")
+    check_memory(JSON_GROWTH * path.stat().st_size, "input.path", f"parsing {str(path)!r}")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -59,7 +66,12 @@ class HFRows(Dataset):
         from surgery.data.sources import check_keys
 
         check_directory(path)
-        data = load_from_disk(str(path))
+        try:
+            data = load_from_disk(str(path))
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a directory whose JSON does not match its files
+            raise ConfigError(
+                f"input.path: cannot read {str(path)!r} as a datasets directory ({read_failure(e)})"
+            ) from None
         if isinstance(data, DatasetDict):
             if split not in data:
                 raise ConfigError(f"input.split: {str(path)!r} has splits {', '.join(data)}, not {split!r}")

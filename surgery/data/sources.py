@@ -22,7 +22,7 @@ from surgery.core.limits import check_memory
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
 from surgery.files.images import png_decoded_bytes, read_png
-from surgery.files.paths import inside
+from surgery.files.paths import inside, must_be_file
 from surgery.files.tensors import (
     SAFETENSORS_DTYPE_BYTES,
     npz_names,
@@ -87,6 +87,8 @@ class ImageFolder(Dataset):
         ]
         if not self.files:
             raise ConfigError(f"input.path: {str(root)!r} holds no .png images in its class sub-folders")
+        for file, _ in self.files:
+            must_be_file(file, "input.path")
         self.shape: tuple[int, ...] | None = None  # the first image read's; decoded with its batch, never before
 
     def _image(self, i: int) -> torch.Tensor:
@@ -191,6 +193,7 @@ def local(path: Path, x_key: str, y_key: str | None, split: str) -> Dataset:
 
             return HFRows(path, x_key, y_key, split)
         return ImageFolder(path)
+    must_be_file(path, "input.path")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return SafetensorsRows(path, x_key, y_key)

@@ -47,9 +47,11 @@ def inside(name: str | Path, directory: Path, key: str, what: str) -> Path:
 
 
 def must_be_file(path: Path, key: str) -> None:
-    """Refuse a directory or a missing file, naming ``key``."""
+    """Refuse a directory, a missing file, or a pipe or device (reading one may block or never end), naming ``key``."""
     if path.is_dir():
         raise ConfigError(f"{key}: {str(path)!r} is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{key}: {str(path)!r} is not a regular file (a pipe, socket or device is never read)")
     if not path.is_file():
         raise ConfigError(f"{key}: file {str(path)!r} does not exist")
 
