@@ -91,8 +91,9 @@ def _job(cfg: DictConfig) -> None:
             print(usage(_user_options))
             return
         models = ", ".join(_user_options("model"))
-        print(f"error: model: no model chosen; add +model=NAME (models: {models})", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        from surgery.app.hydra_hooks import refuse
+
+        refuse(f"model: no model chosen; add +model=NAME (models: {models})")
 
     from surgery.app.job import run_job
 

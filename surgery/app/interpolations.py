@@ -10,6 +10,7 @@ whose resolved sizes are summed (memoized) before Hydra or the job reads a value
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -32,31 +33,24 @@ def check_interpolations(raw: Any, safe: bool) -> None:
 
     ``raw`` is the whole config as plain values, unresolved (``OmegaConf.to_container(cfg, resolve=False)``).
     """
-    values: dict[Key, Any] = {}
-    children: dict[Key, list[Key]] = {}
-    _flatten(raw, (), values, children)
-    refs: dict[Key, list[Key]] = {}
     record = ("hydra", "overrides")  # Hydra's copy of the command line: name the key the override set first
-    for key, value in sorted(values.items(), key=lambda item: item[0][:2] == record):
-        if isinstance(value, str) and "${" in value:
-            refs[key] = _references(key, value, safe)
-    _check_sizes(values, children, refs)
+    found = sorted(_interpolated(raw), key=lambda item: item[0][:2] == record)
+    refs = {key: _references(key, text, safe) for key, text in found}
+    if refs:
+        _check_sizes(raw, refs)
 
 
-def _flatten(node: Any, key: Key, values: dict[Key, Any], children: dict[Key, list[Key]]) -> None:
-    """Every node by its key path: leaves with their value, containers with their children's keys."""
-    stack = [(node, key)]
+def _interpolated(raw: Any) -> Iterator[tuple[Key, str]]:
+    """Every string value holding ``${``, with its key path (keys are made only for containers and those)."""
+    stack: list[tuple[Any, Key]] = [(raw, ())]
     while stack:
         node, key = stack.pop()
-        if isinstance(node, dict):
-            items: list[tuple[str, Any]] = [(str(k), v) for k, v in node.items()]
-        elif isinstance(node, list):
-            items = [(str(i), v) for i, v in enumerate(node)]
-        else:
-            values[key] = node
-            continue
-        children[key] = [(*key, k) for k, _ in items]
-        stack.extend((v, (*key, k)) for k, v in items)
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for name, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append((value, (*key, str(name))))
+            elif isinstance(value, str) and "${" in value:
+                yield (*key, str(name)), value
 
 
 def _references(key: Key, text: str, safe: bool) -> list[Key]:
@@ -129,40 +123,64 @@ def _parse(text: str) -> tuple[tuple[str, Any], ...] | None:
     return tuple(found)
 
 
-def _check_sizes(values: dict[Key, Any], children: dict[Key, list[Key]], refs: dict[Key, list[Key]]) -> None:
+_MISSING = object()
+
+
+def _node(raw: Any, key: Key) -> Any:
+    """The raw value at ``key``, or ``_MISSING`` (an interpolation of a key that is not there: OmegaConf says so)."""
+    node = raw
+    for part in key:
+        if isinstance(node, dict):
+            node = node[part] if part in node else next((v for k, v in node.items() if str(k) == part), _MISSING)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _check_sizes(raw: Any, refs: dict[Key, list[Key]]) -> None:
     """Depth-first over references and containers: a loop, or a resolved size over the bound, is refused."""
     size: dict[Key, int] = {}
     on_path: set[Key] = set()
 
-    def edges(key: Key) -> list[Key]:
-        if key in children:
-            return children[key]
-        return [r for r in refs.get(key, []) if r in values or r in children]
+    def edges(key: Key, node: Any) -> list[tuple[Key, Any]]:
+        if isinstance(node, dict):
+            return [((*key, str(k)), v) for k, v in node.items()]
+        if isinstance(node, list):
+            return [((*key, str(i)), v) for i, v in enumerate(node)]
+        targets = [(r, _node(raw, r)) for r in refs.get(key, [])]
+        return [(r, n) for r, n in targets if n is not _MISSING]
 
-    for start in [*values, *children]:
+    for start in refs:  # every loop passes through an interpolation; sizes only matter where one reads them
         if start in size:
             continue
-        stack: list[tuple[Key, int]] = [(start, 0)]
+        first = _node(raw, start)
+        stack: list[tuple[Key, Any, list[tuple[Key, Any]], int]] = [(start, first, edges(start, first), 0)]
         on_path.add(start)
         while stack:
-            key, index = stack[-1]
-            out = edges(key)
+            key, node, out, index = stack[-1]
             if index < len(out):
-                stack[-1] = (key, index + 1)
-                nxt = out[index]
+                stack[-1] = (key, node, out, index + 1)
+                nxt, value = out[index]
                 if nxt in on_path:
-                    loop = " -> ".join(dotted(k) for k, _ in stack[[k for k, _ in stack].index(nxt) :])
+                    keys = [k for k, _, _, _ in stack]
+                    loop = " -> ".join(dotted(k) for k in keys[keys.index(nxt) :])
                     raise ConfigError(
                         f"{dotted(nxt)}: an interpolation loop ({loop} -> {dotted(nxt)}); no value can be resolved"
                     )
-                if nxt not in size:
-                    on_path.add(nxt)
-                    stack.append((nxt, 0))
+                if nxt in size:
+                    continue
+                if not isinstance(value, (dict, list)) and nxt not in refs:  # a plain leaf: no need to descend
+                    size[nxt] = len(str(value)) + len(nxt[-1])
+                    continue
+                on_path.add(nxt)
+                stack.append((nxt, value, edges(nxt, value), 0))
                 continue
             stack.pop()
             on_path.discard(key)
-            own = len(str(values.get(key, ""))) + len(key[-1] if key else "")
-            total = own + sum(size[k] for k in out)
+            own = 0 if isinstance(node, (dict, list)) else len(str(node))
+            total = own + len(key[-1] if key else "") + sum(size[k] for k, _ in out)
             size[key] = total
             if total > MAX_RESOLVED_CHARS and key in refs:
                 raise ConfigError(
