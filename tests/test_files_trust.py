@@ -282,6 +282,15 @@ def _hf_not_a_file(d: Path) -> Callable[[], Any]:
     return lambda: load(root)
 
 
+def _hf_rows_big(d: Path) -> Callable[[], Any]:
+    """16 rows of 2 MB: a batch of 16 (formatted and collated, 64 MB) is refused before it is read."""
+    import datasets
+
+    x = np.zeros((16, 2**19), np.float32)
+    datasets.Dataset.from_dict({"x": x, "y": np.arange(16)}).save_to_disk(str(d / "ds"))
+    return lambda: load(d / "ds", batch_size=16)
+
+
 def _fifo(path: Path) -> Path:
     os.mkfifo(path)
     return path
@@ -409,6 +418,8 @@ CASES = [
          r"input\.path: the image folder .*images' names 'c' \(a symlink to .*outside'\), outside"),
     Case("a nested Image column", _nested_images,
          r"input\.x_key: column 'x' of .*ds' holds Image values, which datasets would decode \(and may fetch\)"),
+    Case("a datasets batch over the budget", _hf_rows_big,
+         r"input\.batch_size: would need 0\.06\d* GB \(16 rows of .*ds\)", SMALL),
     # ---- pipes and devices are never opened (reading one blocks or never ends)
     Case("a pipe among the images", _fifo_image, r"input\.path: .*images/a/2\.png' is not a regular file"),
     Case("an image symlinked to /dev/zero", _dev_zero_image, r"input\.path: .*/dev/zero' is not a regular file",

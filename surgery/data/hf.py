@@ -91,6 +91,7 @@ class HFRows(Dataset):
                     " would decode (and may fetch); a data set input reads arrays, numbers and plain Image columns"
                 )
         arrays = [k for k in self.keys if k not in self.images]
+        self.row_bytes = data.select_columns(arrays).data.nbytes / max(len(data), 1) if arrays else 0.0  # mean
         self.data = data.with_format("torch", columns=arrays) if arrays else None
         self.raw = data.select_columns(list(self.images)) if self.images else None
 
@@ -103,6 +104,7 @@ class HFRows(Dataset):
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
         columns: dict[str, list[torch.Tensor]] = {}
         if self.data is not None:
+            check_memory(2 * len(indices) * self.row_bytes, "input.batch_size", f"{len(indices)} rows of {self.path}")
             rows = self.data[indices]
             columns.update({k: list(torch.as_tensor(rows[k])) for k in rows})
         if self.raw is not None:
