@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from surgery.app.hydra_hooks import install
 from surgery.app.job import run_job
 from surgery.core.limits import SAFE_DEFAULTS, Limits, enforced
-from surgery.errors import ConfigError
+from surgery.errors import ConfigError, SurgeryError
 from tests.test_cli import cli, composed
 
 install()  # the CLI's Hydra hooks, the YAML guard among them, for compose() in this process too
@@ -87,7 +87,7 @@ def refused(*overrides: str, out: Path) -> str:
     """The one-line ConfigError a job with these overrides ends in, checked for time and memory."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     clock = time.perf_counter()
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(SurgeryError) as caught:  # a ConfigError, or an ActionError naming the key and the module
         cfg = composed(*overrides)
         run_job(cfg, out)
     seconds = time.perf_counter() - clock
@@ -99,7 +99,7 @@ def refused(*overrides: str, out: Path) -> str:
     return message
 
 
-SIZED = ("actions.r.with:", "model:", "input.shape:", "input.shapes:", "actions.p.shape:")
+SIZED = ("actions.r.with:", "model:", "input.shape:", "input.shapes:", "actions.p.shape:", "actions.m.fn")
 SAFE = "safe=true"
 FROM = "hydra.searchpath=[file://DIR]"  # the user's directory above, as --config-dir would add it
 
@@ -108,6 +108,12 @@ def replace(target: str, select: str = "select: head", **args: int) -> str:
     """A replace_module action building ``target(**args)``."""
     given = ", ".join(f"{k}: {v}" for k, v in args.items())
     return f"+actions.r={{kind: replace_module, {select}, with: {{_target_: torch.nn.{target}, {given}}}}}"
+
+
+def partial(function: str, args: str, select: str = "select: head") -> str:
+    """A modify_output action whose op is ``torch.nn.functional.FUNCTION`` with ``args`` bound (``_partial_``)."""
+    fn = f"{{_target_: torch.nn.functional.{function}, _partial_: true, _convert_: all, {args}}}"
+    return f"+actions.m={{kind: modify_output, {select}, op: fn, fn: {fn}}}"
 
 
 def add(kind: str, shape: str, select: str = "select: head") -> str:
@@ -232,6 +238,14 @@ CASES = [
         "4 × [30000, 30000]",
     ),
     ("add-buffer", [SAFE, "+model=mlp", add("add_buffer", "[100000, 100000]")], "actions.p.shape:", "GB"),
+    # torch functions a config may name as fn: their output is measured on meta before each call
+    ("fn-pad", [SAFE, "+model=mlp", partial("pad", "pad: [0, 1000000000]")], "actions.m.fn on module 'head':", "GB"),
+    (
+        "fn-interpolate",
+        [SAFE, "+model=cnn", partial("interpolate", "scale_factor: 1000", "select: block1.conv")],
+        "actions.m.fn on module 'block1.conv':",
+        "the output of interpolate",
+    ),
 ]
 
 
@@ -243,12 +257,14 @@ def test_a_bomb_is_one_line_naming_its_key_before_any_cost(
     message = refused(*overrides, out=tmp_path)
     assert message.startswith(starts.replace("DIR", str(user_dir))), message
     assert says in message, message
-    if starts in SIZED and "modules" not in says and "count" not in says:  # estimated, not the allocator failing
+    if (
+        starts.startswith(SIZED) and "modules" not in says and "count" not in says
+    ):  # estimated, not the allocator failing
         assert "would need" in message and "more than limits.memory_gb=" in message, message
 
 
 def test_the_red_team_table_is_at_least_35_cases() -> None:
-    assert len(CASES) + 2 >= 35  # + the two generate cases below
+    assert len(CASES) + 2 >= 50  # + the two generate cases below
 
 
 def test_generate_max_new_tokens_is_a_count(tmp_path: Path) -> None:

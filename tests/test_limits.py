@@ -233,3 +233,44 @@ def test_allowlisted_modules_measure_on_meta_as_built_for_real(name: str, args: 
     if nbytes:
         with enforced(Limits(memory_gb=(nbytes - 1) / GB)), pytest.raises(ConfigError, match=r"^with: would need"):
             check_built(lambda: getattr(nn, name)(**args), "with", name)
+
+
+# ---------------------------------------------------------------- torch functions a config binds arguments of
+
+
+def test_a_partial_torch_function_is_measured_on_meta_before_each_call() -> None:
+    import functools
+    import inspect
+
+    import torch.nn.functional as F  # noqa: N812
+
+    from surgery.core.limits import sized_call
+
+    assert sized_call(F.gelu, "fn") is F.gelu  # nothing bound: nothing the config sized
+    grow = sized_call(functools.partial(F.pad, pad=(0, 2**28)), "actions.m.fn")
+    assert inspect.signature(grow) == inspect.signature(functools.partial(F.pad, pad=(0, 2**28)))
+    x = torch.ones(4, 4)
+    assert sized_call(functools.partial(F.pad, pad=(0, 3)), "fn")(x).shape == (4, 7)  # unbounded: as it is
+    with enforced(SAFE_DEFAULTS), pytest.raises(ConfigError) as caught:
+        grow(torch.ones(8, 4))
+    assert str(caught.value).startswith("actions.m.fn: would need 8 GB (the output of pad), more than")
+    with enforced(SAFE_DEFAULTS):
+        assert torch.equal(sized_call(functools.partial(F.pad, pad=(1, 1)), "fn")(x), F.pad(x, (1, 1)))
+
+
+def test_a_partial_of_other_code_is_never_run_twice() -> None:
+    import functools
+
+    from surgery.core.limits import sized_call
+
+    calls = []
+
+    def records(t: torch.Tensor, times: int) -> torch.Tensor:
+        calls.append(times)
+        return t * times
+
+    wrapped = functools.partial(records, times=2)
+    assert sized_call(wrapped, "fn") is wrapped
+    with enforced(SAFE_DEFAULTS):
+        wrapped(torch.ones(1))
+    assert calls == [2]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
+from surgery.core.limits import sized_call
 from surgery.errors import ConfigError, did_you_mean
 
 # Only names under these packages are ever imported to be checked: importing any other module
@@ -181,7 +182,7 @@ def resolve_callable(spec: Any, where: str, safe: bool) -> Callable[..., Any]:
         raise ConfigError(f"{where}: expected pkg.module:function or a _target_ node, got {spec!r}")
     if not callable(obj):
         raise ConfigError(f"{where}: {spec!r} gives a {type(obj).__name__}, which is not callable")
-    return obj
+    return sized_call(obj, where)  # torch functions: an output past limits.memory_gb is refused before allocating
 
 
 def _allowed_path(spec: str) -> bool:

@@ -124,6 +124,60 @@ def check_built(build: Callable[[], T], key: str, what: str, copies: int = 1) ->
         check_memory(nbytes * copies, key, f"{many}{what}: {nbytes / GB:.3g} GB of tensors{count}")
 
 
+def sized_call(fn: Callable[..., T], key: str) -> Callable[..., T]:
+    """``fn`` as it is; a partial of a torch function (``_partial_: true``) refusing its output past the bound.
+
+    ``torch.nn.functional.pad`` or ``interpolate`` with a config's arguments can make any input huge. Under a
+    memory bound each call first runs on meta copies of its tensors (shapes only, no storage), and an output
+    larger than ``limits.memory_gb`` is refused before the real call allocates it. Only torch's own functions are
+    wrapped: they compute and change nothing else, so running one twice is harmless.
+    """
+    import functools
+
+    if not isinstance(fn, functools.partial):  # a bare function gets no size from the config
+        return fn
+    target = fn.func
+    if isinstance(target, type) or not str(getattr(target, "__module__", None) or "").startswith("torch"):
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> T:
+        if active().memory_gb is not None:
+            name = getattr(target, "__name__", "the function")
+            try:
+                made = fn(*_on_meta(args), **_on_meta(kwargs))
+            except Exception:  # noqa: BLE001 - the real call says what is wrong with its arguments
+                made = None
+            check_memory(_nbytes(made), key, f"the output of {name}")
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _on_meta(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if value.is_meta else value.to("meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_meta(v) for k, v in value.items()}
+    return value
+
+
+def _nbytes(value: Any) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
 class _TooManyModulesError(Exception):
     """Raised from inside a meta build that registered more modules than ``limits.count``."""
 
