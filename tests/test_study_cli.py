@@ -125,3 +125,29 @@ def test_a_resume_with_another_config_is_refused(lm_dir: Path, tmp_path: Path, m
     assert resume_path.is_file()
     with pytest.raises(ConfigError, match=r"^hydra.run.dir: .* holds an interrupted study of another config"):
         run_job(composed(*args(lm_dir, "study.batch_cells=1", "study.normalize=true")), tmp_path)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
+def test_torchrun_ranks_split_the_cells_and_write_the_single_process_result(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "ranks"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "surgery",
+               *args(lm_dir, "study.batch_cells=1"), f"hydra.run.dir={out}"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single, threads = tmp_path / "single", torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): the same kernels, so the same bits
+    try:
+        run_job(composed(*args(lm_dir, "study.batch_cells=1")), single)
+    finally:
+        torch.set_num_threads(threads)
+    ranks, one = load_file(out / "study.safetensors"), load_file(single / "study.safetensors")
+    assert all(torch.equal(ranks[k], one[k]) for k in one)
+    report = json.loads((out / "report.json").read_text())
+    assert report["world_size"] == 2 and report["data"]["examples"] == 1 and report["study"]["cells"] == 10
+    assert (out / "study.csv").read_text() == (single / "study.csv").read_text()

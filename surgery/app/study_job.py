@@ -56,7 +56,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     result = run_study(
         model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
         ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
-        safe=settings.safe, batch_cells=study.batch_cells, progress=progress,
+        safe=settings.safe, batch_cells=study.batch_cells, progress=progress, ranks=_ranks(),
     )  # fmt: skip
     seconds = time.perf_counter() - clock
     write_tensors(out_dir / "study.safetensors", result.tensors())
@@ -76,6 +76,15 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     (out_dir / PARTIAL).unlink(missing_ok=True)  # every cell is in study.safetensors now
     say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; wrote {out_dir}")
     return report
+
+
+def _ranks() -> tuple[int, int] | None:
+    """(rank, world size) under torchrun: the ranks split the cells; None in one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
 
 
 def _progress(

@@ -99,7 +99,7 @@ def _drop_own_dir(out_dir: Path) -> None:
 
 
 RENAMED = {"captures.safetensors": "captures.rank{r}.safetensors", "output.safetensors": "output.rank{r}.safetensors"}
-RANK0_ONLY = ("report.md", "model.safetensors", "plots")
+RANK0_ONLY = ("report.md", "model.safetensors", "plots", "study.safetensors", "study.csv")
 
 
 def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
@@ -136,7 +136,8 @@ def merged(reports: list[dict[str, Any]], wrap: str) -> dict[str, Any]:
         }
         for r, one in enumerate(reports)
     ]
-    if isinstance(report.get("data"), dict):  # every rank's share together
+    if isinstance(report.get("data"), dict) and report.get("mode") != "study":  # every rank's share together
+        # (a study's ranks split the cells, not the examples: each saw every example)
         report["data"] = {**report["data"], "examples": sum(r["examples"] or 0 for r in report["ranks"])}
     if "captures" in report:
         report["captures"] = {

@@ -228,6 +228,7 @@ def run_study(
     strict: bool = True,
     safe: bool = False,
     progress: Progress | None = None,
+    ranks: tuple[int, int] | None = None,
 ) -> StudyResult:
     """Every cell of ``grid`` applied to ``model`` and scored per example by ``metrics`` (see :func:`surgery.study`)."""
     data = Inputs.of(inputs, "inputs")
@@ -258,6 +259,10 @@ def run_study(
     base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
     src_base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
     groups = [list(range(g, min(g + k, len(plans)))) for g in range(0, len(plans), k)]
+    rank, world = ranks or (0, 1)
+    for number, group in enumerate(groups):
+        if number % world != rank:  # another rank's cells: scored there, gathered below
+            progress.done[group] = True
     for start in range(0, n, step):
         rows = slice(start, min(start + step, n))
         batch, y = data.rows(rows.start, rows.stop), None if labels is None else labels[rows]
@@ -288,8 +293,27 @@ def run_study(
             finally:
                 if shared is not None:
                     shared.remove()
+    if world > 1:
+        values = _gathered(values, groups, rank, world)
     return _result(parsed, grid_cells, bound, values, base, src_base if src is not None else None, normalize, ci,
                    n_boot, seed, tokenizer, ids)  # fmt: skip
+
+
+def _gathered(
+    values: dict[str, torch.Tensor], groups: list[list[int]], rank: int, world: int
+) -> dict[str, torch.Tensor]:
+    """Every rank's cells in every rank's values (each cell scored by exactly one rank: the others add 0)."""
+    import torch.distributed as dist
+
+    mine = torch.zeros(sum(len(g) for g in groups), dtype=torch.bool)
+    for number, group in enumerate(groups):
+        mine[group] = number % world == rank
+    out = {}
+    for name, v in values.items():
+        share = torch.where(mine[:, None], v, torch.zeros_like(v))
+        dist.all_reduce(share)
+        out[name] = share
+    return out
 
 
 def _cells_per_forward(
