@@ -336,115 +336,6 @@ def _split_itself(d: Path) -> Callable[[], Any]:
     return lambda: load(d / "dd", split="test")
 
 
-CASES = [
-    # ---- decompression bombs: declared sizes checked before reading
-    Case("pt bomb as checkpoint", lambda d: lambda: read_tensors(_bomb_pt(d), "model.checkpoint"),
-         r"model\.checkpoint: would need 0\.0625 GB \(the tensors .*bomb\.pt' declares, 0\.06\d* MB on disk\)", SMALL),
-    Case("pt bomb as input", lambda d: lambda: read_input_file(_bomb_pt(d), None),
-         r"input\.path: would need 0\.0625 GB .*more than limits\.memory_gb=0\.03; if that is meant, raise it", SMALL),
-    Case("pt bomb as data set", lambda d: lambda: load(_bomb_pt(d)), r"input\.path: would need 0\.0625 GB", SMALL),
-    Case("pt declaring 3x3.9 GB", lambda d: lambda: checkpoint(lying_zip(d / "lie.pt", 3_900_000_000)),
-         r"model\.checkpoint: would need 10\.9 GB .*limits\.memory_gb=8; if that is meant, raise it: "
-         r"limits\.memory_gb=11"),
-    Case("pt legacy format", lambda d: lambda: read_tensors(_legacy(d), "model.checkpoint"),
-         r"model\.checkpoint: .*legacy\.pt' is not a zip-format torch file"),
-    Case("pt bomb of 160 MB within the memory budget", lambda d: lambda: checkpoint(_bomb_pt(d, 40 * 2**20)),
-         r"model\.checkpoint: .*bomb\.pt' inflates 0\.1\d* MB of compressed data to 160 MB \(1,0\d\d×, a decomp"),
-    Case("npz bomb of 160 MB within the memory budget", lambda d: lambda: load(_bomb_npz(d, 40 * 2**20)),
-         r"input\.path: .*bomb\.npz' inflates 0\.1\d* MB of compressed data to 160 MB"),
-    Case("npz bomb as data set", lambda d: lambda: load(_bomb_npz(d)),
-         r"input\.path: would need 0\.0625 GB \(the arrays .*bomb\.npz' declares", SMALL),
-    Case("npz member lying header", lambda d: lambda: load(_npz_lying(d)),
-         r"input\.path: 'x' in .*lie\.npz' declares a \[1000000000\] float32 array \(3\.73 GB\) in a member of"),
-    Case("npy lying header", lambda d: lambda: read_input_file(npy_declaring(d / "lie.npy", (10**9,)), None),
-         r"input\.path: .*lie\.npy' declares a \[1000000000\] float32 array \(3\.73 GB\) in a file of .*truncated"),
-    Case("npy over the budget", lambda d: lambda: read_input_file(_npy_big(d), None),
-         r"input\.path: would need 0\.0625 GB \(the array .*big\.npy' declares, 64 MB on disk\)", SMALL),
-    Case("safetensors lying header", lambda d: lambda: checkpoint(safetensors_declaring(d / "l.safetensors", [10**9])),
-         r"model\.checkpoint: .*l\.safetensors' declares 3\.73 GB of tensors in a file of .*truncated"),
-    Case("safetensors over the budget", lambda d: lambda: read_input_file(_safetensors_big(d), None),
-         r"input\.path: would need 0\.0625 GB \(the tensors .*big\.safetensors' declares", SMALL),
-    Case("patch source over the budget", lambda d: lambda: patch_source(_safetensors_big(d)),
-         r"actions\.p\.from\.file: would need 0\.0625 GB \('x' of .*big\.safetensors'\)", SMALL),
-    Case("safetensors rows batch", lambda d: lambda: load(_safetensors_rows(d), batch_size=16),
-         r"input\.batch_size: would need 0\.0313 GB \(rows 0\.\.15 of .*rows\.safetensors'\)", SMALL),
-    Case("safetensors header length", lambda d: lambda: read_tensors(_header_too_long(d), "model.checkpoint"),
-         r"model\.checkpoint: cannot read .*long\.safetensors' as \.safetensors \(its header length is not valid\)"),
-    # ---- images: the caps from the header, in every reader, and a batch's decoded bytes
-    Case("12000x12000 PNG in a datasets Image column",
-         lambda d: image_bytes_load(d, png_bytes(12000, 12000)),
-         r"input\.path: row 0 of column 'x' in .*ds' declares a 12000×12000 image; an image input may have at most"),
-    Case("20000x1 PNG in a datasets Image column",
-         lambda d: image_bytes_load(d, png_bytes(20000, 1)),
-         r"input\.path: row 0 of column 'x' .* declares a 20000×1 image"),
-    Case("64 large PNGs in a datasets batch", _hf_big_batch,
-         r"input\.batch_size: would need 2 GB \(64 images decoded and stacked\), more than limits\.memory_gb=1",
-         Limits(memory_gb=1, paths_inside=True)),
-    Case("64 large PNGs in an image folder batch", _folder_big_batch,
-         r"input\.batch_size: would need 32 GB \(64 images decoded and stacked\), more than limits\.memory_gb=8"),
-    Case("one large PNG over the budget", lambda d: lambda: read_input_file(_png_file(d, 4096, 4096), None),
-         r"input\.path: would need 0\.0625 GB \(decoding .*big\.png'\)", SMALL),
-    Case("digits resized huge", lambda d: lambda: load_digits([1, 3, 4096, 4096]),
-         r"input\.shape: would need 1\.01e\+03 GB \(1797 digits resized to \[3, 4096, 4096\]\)"),
-    Case("digits with many channels", lambda d: lambda: load_digits([1, 10**6, 8, 8]),
-         r"input\.shape: would need 1\.29e\+03 GB \(1797 digits resized to \[1000000, 8, 8\]\)"),
-    Case("a drawn digit of 20000 pixels a side", lambda d: lambda: draw_digit([1, 1, 20000, 20000]),
-         r"input\.shape: would need 1\.79e\+03 GB \(drawing a 20000×20000 digit\)"),
-    # ---- paths a data directory names stay inside it (under safe mode), and URLs never
-    Case("http image", _hf_cell({"bytes": None, "path": "http://example.invalid/a.png"}),
-         r"input\.path: row 0 of column 'x' in .*ds' names 'http://example\.invalid/a\.png', a URL; surgery reads"),
-    Case("https image without safe mode", _hf_cell({"bytes": None, "path": "https://example.invalid/a.png"}),
-         r"input\.path: row 0 .* names 'https://example\.invalid/a\.png', a URL", Limits()),
-    Case("file:// image", _hf_cell({"bytes": None, "path": "file:///etc/hostname"}), r"input\.path: .* a URL"),
-    Case("s3:// image", _hf_cell({"bytes": None, "path": "s3://bucket/a.png"}), r"input\.path: .* a URL", Limits()),
-    Case("absolute image path outside", _hf_cell({"bytes": None, "path": "TMP/outside/secret.png"}),
-         r"input\.path: row 0 of column 'x' in .*ds' names '.*outside/secret\.png', outside .*ds'; under safe=true"),
-    Case("relative image path escaping", _hf_cell({"bytes": None, "path": "../outside/secret.png"}),
-         r"input\.path: row 0 .* names '\.\./outside/secret\.png', outside .*; under safe=true every path"),
-    Case("image path /etc/passwd", _hf_cell({"bytes": None, "path": "/etc/passwd"}),
-         r"input\.path: row 0 .* names '/etc/passwd', outside"),
-    Case("image cell that is a directory", _hf_not_a_file, r"input\.path: row 0 .* names 'sub', which is not a file"),
-    Case("state.json naming ../", _state_json_escape,
-         r"input\.path: .*state\.json' names '\.\./elsewhere\.arrow', outside .*ds'; under safe=true"),
-    Case("state.json naming an absolute file", _state_json_absolute,
-         r"input\.path: .*state\.json' names '.*elsewhere\.arrow', outside"),
-    Case("arrow file symlinked out", _arrow_symlink,
-         r"input\.path: .*state\.json' names 'data-00000-of-00001\.arrow' \(a symlink to .*elsewhere\.arrow'\)"),
-    Case("dataset_dict.json split escaping", _split_escape,
-         r"input\.path: .*dataset_dict\.json' names '\.\./elsewhere', outside"),
-    Case("symlinked image in a class folder", _symlinked_image,
-         r"input\.path: the image folder .*images' names 'a/2\.png' \(a symlink to .*secret\.png'\), outside"),
-    Case("symlinked class folder", _symlinked_class,
-         r"input\.path: the image folder .*images' names 'c' \(a symlink to .*outside'\), outside"),
-    Case("a nested Image column", _nested_images,
-         r"input\.x_key: column 'x' of .*ds' holds Image values, which datasets would decode \(and may fetch\)"),
-    Case("a datasets batch over the budget", _hf_rows_big,
-         r"input\.batch_size: would need 0\.06\d* GB \(16 rows of .*ds\)", SMALL),
-    # ---- pipes and devices are never opened (reading one blocks or never ends)
-    Case("a pipe among the images", _fifo_image, r"input\.path: .*images/a/2\.png' is not a regular file"),
-    Case("an image symlinked to /dev/zero", _dev_zero_image, r"input\.path: .*/dev/zero' is not a regular file",
-         Limits()),
-    Case("a pipe as the data set file", lambda d: lambda: load(_fifo(d / "data.npz")),
-         r"input\.path: .*data\.npz' is not a regular file"),
-    Case("a pipe as an Arrow file", _fifo_arrow, r"input\.path: .*data-00000-of-00001\.arrow' is not a regular file"),
-    Case("a pipe as dataset_info.json", _fifo_info, r"input\.path: .*dataset_info\.json' is not a regular file"),
-    Case("state.json of 2 MB over the budget", _big_state,
-         r"input\.path: would need 0\.06\d* GB \(parsing .*state\.json'\)", SMALL),
-    Case("a split naming its own directory", _split_itself, r"input\.path: cannot read .*dd' as a datasets directory"),
-    # ---- disk: every write charged before the file appears
-    Case("report.json past the disk budget", lambda d: lambda: write_json(d / "run" / "report.json", [0] * 10**5),
-         r"report\.json: the run would write 0\.000\d+ GB, more than limits\.disk_gb=1e-05",
-         Limits(disk_gb=0.00001)),
-    Case("captures past the disk budget",
-         lambda d: lambda: write_tensors(d / "run" / "captures.safetensors", {"a": torch.zeros(2**20)}),
-         r"captures\.safetensors: the run would write 0\.0039\d* GB, more than limits\.disk_gb=0\.001",
-         Limits(disk_gb=0.001)),
-    Case("a plot past the disk budget",
-         lambda d: lambda: write_atomic(d / "run" / "plot.png", lambda p: p.write_bytes(bytes(2**20))),
-         r"plot\.png: the run would write 0\.000977 GB, more than limits\.disk_gb=0\.0001", Limits(disk_gb=0.0001)),
-]  # fmt: skip
-
-
 def _legacy(d: Path) -> Path:
     torch.save({"x": torch.zeros(4)}, d / "legacy.pt", _use_new_zipfile_serialization=False)
     return d / "legacy.pt"
@@ -487,6 +378,20 @@ def _png_file(d: Path, width: int, height: int) -> Path:
     return d / "big.png"
 
 
+def made(make: Callable[[Path], Path], read: Callable[[Path], Any]) -> Callable[[Path], Callable[[], Any]]:
+    """A case's build: ``make`` the file now (outside the timed refusal), ``read`` it when run."""
+
+    def build(d: Path) -> Callable[[], Any]:
+        path = make(d)
+        return lambda: read(path)
+
+    return build
+
+
+def as_input(path: Path) -> Any:
+    return read_input_file(path, None)
+
+
 def patch_source(path: Path) -> Any:
     from surgery.actions.sources import load_patch
 
@@ -511,6 +416,115 @@ def draw_digit(shape: list[int]) -> Any:
     from surgery.app.inputs import make_inputs
 
     return make_inputs({"kind": "digit", "shape": shape}, 0, torch.float32, torch.device("cpu"))
+
+
+CASES = [
+    # ---- decompression bombs: declared sizes checked before reading
+    Case("pt bomb as checkpoint", made(_bomb_pt, checkpoint),
+         r"model\.checkpoint: would need 0\.0625 GB \(the tensors .*bomb\.pt' declares, 0\.06\d* MB on disk\)", SMALL),
+    Case("pt bomb as input", made(_bomb_pt, as_input),
+         r"input\.path: would need 0\.0625 GB .*more than limits\.memory_gb=0\.03; if that is meant, raise it", SMALL),
+    Case("pt bomb as data set", made(_bomb_pt, load), r"input\.path: would need 0\.0625 GB", SMALL),
+    Case("pt declaring 3x3.9 GB", made(lambda d: lying_zip(d / "lie.pt", 3_900_000_000), checkpoint),
+         r"model\.checkpoint: would need 10\.9 GB .*limits\.memory_gb=8; if that is meant, raise it: "
+         r"limits\.memory_gb=11"),
+    Case("pt legacy format", made(_legacy, checkpoint),
+         r"model\.checkpoint: .*legacy\.pt' is not a zip-format torch file"),
+    Case("pt bomb of 160 MB within the memory budget", made(lambda d: _bomb_pt(d, 40 * 2**20), checkpoint),
+         r"model\.checkpoint: .*bomb\.pt' inflates 0\.1\d* MB of compressed data to 160 MB \(1,0\d\d×, a decomp"),
+    Case("npz bomb of 160 MB within the memory budget", made(lambda d: _bomb_npz(d, 40 * 2**20), load),
+         r"input\.path: .*bomb\.npz' inflates 0\.1\d* MB of compressed data to 160 MB"),
+    Case("npz bomb as data set", made(_bomb_npz, load),
+         r"input\.path: would need 0\.0625 GB \(the arrays .*bomb\.npz' declares", SMALL),
+    Case("npz member lying header", made(_npz_lying, load),
+         r"input\.path: 'x' in .*lie\.npz' declares a \[1000000000\] float32 array \(3\.73 GB\) in a member of"),
+    Case("npy lying header", made(lambda d: npy_declaring(d / "lie.npy", (10**9,)), as_input),
+         r"input\.path: .*lie\.npy' declares a \[1000000000\] float32 array \(3\.73 GB\) in a file of .*truncated"),
+    Case("npy over the budget", made(_npy_big, as_input),
+         r"input\.path: would need 0\.0625 GB \(the array .*big\.npy' declares, 64 MB on disk\)", SMALL),
+    Case("safetensors lying header", made(lambda d: safetensors_declaring(d / "l.safetensors", [10**9]), checkpoint),
+         r"model\.checkpoint: .*l\.safetensors' declares 3\.73 GB of tensors in a file of .*truncated"),
+    Case("safetensors over the budget", made(_safetensors_big, as_input),
+         r"input\.path: would need 0\.0625 GB \(the tensors .*big\.safetensors' declares", SMALL),
+    Case("patch source over the budget", made(_safetensors_big, patch_source),
+         r"actions\.p\.from\.file: would need 0\.0625 GB \('x' of .*big\.safetensors'\)", SMALL),
+    Case("safetensors rows batch", made(_safetensors_rows, lambda p: load(p, batch_size=16)),
+         r"input\.batch_size: would need 0\.0313 GB \(rows 0\.\.15 of .*rows\.safetensors'\)", SMALL),
+    Case("safetensors header length", made(_header_too_long, checkpoint),
+         r"model\.checkpoint: cannot read .*long\.safetensors' as \.safetensors \(its header length is not valid\)"),
+    # ---- images: the caps from the header, in every reader, and a batch's decoded bytes
+    Case("12000x12000 PNG in a datasets Image column",
+         lambda d: image_bytes_load(d, png_bytes(12000, 12000)),
+         r"input\.path: row 0 of column 'x' in .*ds' declares a 12000×12000 image; an image input may have at most"),
+    Case("20000x1 PNG in a datasets Image column",
+         lambda d: image_bytes_load(d, png_bytes(20000, 1)),
+         r"input\.path: row 0 of column 'x' .* declares a 20000×1 image"),
+    Case("64 large PNGs in a datasets batch", _hf_big_batch,
+         r"input\.batch_size: would need 2 GB \(64 images decoded and stacked\), more than limits\.memory_gb=1",
+         Limits(memory_gb=1, paths_inside=True)),
+    Case("64 large PNGs in an image folder batch", _folder_big_batch,
+         r"input\.batch_size: would need 32 GB \(64 images decoded and stacked\), more than limits\.memory_gb=8"),
+    Case("one large PNG over the budget", made(lambda d: _png_file(d, 4096, 4096), as_input),
+         r"input\.path: would need 0\.0625 GB \(decoding .*big\.png'\)", SMALL),
+    Case("digits resized huge", lambda d: lambda: load_digits([1, 3, 4096, 4096]),
+         r"input\.shape: would need 1\.01e\+03 GB \(1797 digits resized to \[3, 4096, 4096\]\)"),
+    Case("digits with many channels", lambda d: lambda: load_digits([1, 10**6, 8, 8]),
+         r"input\.shape: would need 1\.29e\+03 GB \(1797 digits resized to \[1000000, 8, 8\]\)"),
+    Case("a drawn digit of 20000 pixels a side", lambda d: lambda: draw_digit([1, 1, 20000, 20000]),
+         r"input\.shape: would need 1\.79e\+03 GB \(drawing a 20000×20000 digit\)"),
+    # ---- paths a data directory names stay inside it (under safe mode), and URLs never
+    Case("http image", _hf_cell({"bytes": None, "path": "http://example.invalid/a.png"}),
+         r"input\.path: row 0 of column 'x' in .*ds' names 'http://example\.invalid/a\.png', a URL; surgery reads"),
+    Case("https image without safe mode", _hf_cell({"bytes": None, "path": "https://example.invalid/a.png"}),
+         r"input\.path: row 0 .* names 'https://example\.invalid/a\.png', a URL", Limits()),
+    Case("file:// image", _hf_cell({"bytes": None, "path": "file:///etc/hostname"}), r"input\.path: .* a URL"),
+    Case("s3:// image", _hf_cell({"bytes": None, "path": "s3://bucket/a.png"}), r"input\.path: .* a URL", Limits()),
+    Case("absolute image path outside", _hf_cell({"bytes": None, "path": "TMP/outside/secret.png"}),
+         r"input\.path: row 0 of column 'x' in .*ds' names '.*outside/secret\.png', outside .*ds'; under safe=true"),
+    Case("relative image path escaping", _hf_cell({"bytes": None, "path": "../outside/secret.png"}),
+         r"input\.path: row 0 .* names '\.\./outside/secret\.png', outside .*; under safe=true every path"),
+    Case("image path /etc/passwd", _hf_cell({"bytes": None, "path": "/etc/passwd"}),
+         r"input\.path: row 0 .* names '/etc/passwd', outside"),
+    Case("image cell that is a directory", _hf_not_a_file, r"input\.path: row 0 .* names 'sub', which is not a file"),
+    Case("state.json naming ../", _state_json_escape,
+         r"input\.path: .*state\.json' names '\.\./elsewhere\.arrow', outside .*ds'; under safe=true"),
+    Case("state.json naming an absolute file", _state_json_absolute,
+         r"input\.path: .*state\.json' names '.*elsewhere\.arrow', outside"),
+    Case("arrow file symlinked out", _arrow_symlink,
+         r"input\.path: .*state\.json' names 'data-00000-of-00001\.arrow' \(a symlink to .*elsewhere\.arrow'\)"),
+    Case("dataset_dict.json split escaping", _split_escape,
+         r"input\.path: .*dataset_dict\.json' names '\.\./elsewhere', outside"),
+    Case("symlinked image in a class folder", _symlinked_image,
+         r"input\.path: the image folder .*images' names 'a/2\.png' \(a symlink to .*secret\.png'\), outside"),
+    Case("symlinked class folder", _symlinked_class,
+         r"input\.path: the image folder .*images' names 'c' \(a symlink to .*outside'\), outside"),
+    Case("a nested Image column", _nested_images,
+         r"input\.x_key: column 'x' of .*ds' holds Image values, which datasets would decode \(and may fetch\)"),
+    Case("a datasets batch over the budget", _hf_rows_big,
+         r"input\.batch_size: would need 0\.06\d* GB \(16 rows of .*ds\)", SMALL),
+    # ---- pipes and devices are never opened (reading one blocks or never ends)
+    Case("a pipe among the images", _fifo_image, r"input\.path: .*images/a/2\.png' is not a regular file"),
+    Case("an image symlinked to /dev/zero", _dev_zero_image, r"input\.path: .*/dev/zero' is not a regular file",
+         Limits()),
+    Case("a pipe as the data set file", made(lambda d: _fifo(d / "data.npz"), load),
+         r"input\.path: .*data\.npz' is not a regular file"),
+    Case("a pipe as an Arrow file", _fifo_arrow, r"input\.path: .*data-00000-of-00001\.arrow' is not a regular file"),
+    Case("a pipe as dataset_info.json", _fifo_info, r"input\.path: .*dataset_info\.json' is not a regular file"),
+    Case("state.json of 2 MB over the budget", _big_state,
+         r"input\.path: would need 0\.06\d* GB \(parsing .*state\.json'\)", SMALL),
+    Case("a split naming its own directory", _split_itself, r"input\.path: cannot read .*dd' as a datasets directory"),
+    # ---- disk: every write charged before the file appears
+    Case("report.json past the disk budget", lambda d: lambda: write_json(d / "run" / "report.json", [0] * 10**5),
+         r"report\.json: the run would write 0\.000\d+ GB, more than limits\.disk_gb=1e-05",
+         Limits(disk_gb=0.00001)),
+    Case("captures past the disk budget",
+         lambda d: lambda: write_tensors(d / "run" / "captures.safetensors", {"a": torch.zeros(2**20)}),
+         r"captures\.safetensors: the run would write 0\.0039\d* GB, more than limits\.disk_gb=0\.001",
+         Limits(disk_gb=0.001)),
+    Case("a plot past the disk budget",
+         lambda d: lambda: write_atomic(d / "run" / "plot.png", lambda p: p.write_bytes(bytes(2**20))),
+         r"plot\.png: the run would write 0\.000977 GB, more than limits\.disk_gb=0\.0001", Limits(disk_gb=0.0001)),
+]  # fmt: skip
 
 
 @pytest.fixture
