@@ -385,3 +385,20 @@ def test_cli_seed_beyond_64_bits_is_exit_2(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "error: seed: 1000000000000000000000000000000 is out of range: a seed is an int from -2**63 to 2**63-1"
     ]
+
+
+def test_generate_past_a_models_positions_is_a_config_error_without_limits_too() -> None:
+    """safe=false: 10**9 new tokens on GPT-2 end at its n_positions with one line, not an IndexError inside."""
+    from surgery.lm.generate import generate_both
+    from surgery.lm.text import encode_prompts
+    from tests.lm_helpers import tiny_gpt2, word_tokenizer
+
+    tok = word_tokenizer(["the cat sat on the mat"])
+    model = tiny_gpt2(len(tok), tok.eos_token_id)
+    batch = encode_prompts(tok, prompt="the cat sat")
+    with pytest.raises(ConfigError) as caught:
+        generate_both(model, {}, batch, max_new_tokens=10**9, tokenizer=tok)
+    assert str(caught.value) == (
+        "generate.max_new_tokens: 1,000,000,000 new tokens after a 3-token prompt pass the model's 64 positions"
+        " (n_positions); at most 61 here"
+    )

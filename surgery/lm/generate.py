@@ -96,6 +96,7 @@ def generate_both(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"generate.max_new_tokens: a positive int, got {max_new_tokens!r}")
     check_count(max_new_tokens, "generate.max_new_tokens", "new tokens")
+    _check_positions(model, int(batch.input_ids.shape[-1]), max_new_tokens)
     options: dict[str, Any] = {
         **batch.kwargs(),
         "max_new_tokens": max_new_tokens,
@@ -199,6 +200,16 @@ def _tensors(value: Any) -> list[torch.Tensor]:
         return [value]
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
     return [t for v in items for t in _tensors(v)]
+
+
+def _check_positions(model: nn.Module, prompt: int, new: int) -> None:
+    """A model with learned absolute positions (GPT-2's ``n_positions``) cannot go past them: an IndexError inside."""
+    positions = getattr(getattr(model, "config", None), "n_positions", None)
+    if isinstance(positions, int) and prompt + new > positions:
+        raise ConfigError(
+            f"generate.max_new_tokens: {new:,} new tokens after a {prompt}-token prompt pass the model's {positions}"
+            f" positions (n_positions); at most {max(positions - prompt, 0)} here"
+        )
 
 
 def _generate(model: nn.Module, options: dict[str, Any], seed: int) -> torch.Tensor:
