@@ -40,6 +40,11 @@ ATTACKS = [
     (f"linear({E}, {E})", OPERATIONS),
     (f"einsum('ij,jk->ik', {E}, {E})", OPERATIONS),
     (f"einsum('ab,cd,ad->', {E}, {E}, {E})", OPERATIONS),  # a scalar result over a 2**48-element intermediate
+    # an intermediate of 2**27 elements, for a number
+    (
+        "einsum('a,b,ac,bc->', x[0].expand(2**14), x[0].expand(2**13), x[0].expand(2**14, 1), x[0].expand(2**13, 1))",
+        ELEMENTS,
+    ),
     (several(f"{V}.sort()", 3), OPERATIONS),  # tuples of many sorts
     (f"{V}.topk(10)", OPERATIONS),
     (f"{V}.kthvalue(10)", OPERATIONS),
@@ -75,6 +80,15 @@ def test_an_attack_is_refused_within_seconds_and_memory(text: str, fragment: str
     message = str(caught.value)
     assert message.startswith(f"{WHERE}: '{text[:80]}") and " failed: " in message
     assert fragment in message
+
+
+def test_four_values_need_no_count_and_a_fifth_is_counted() -> None:
+    """Each value is within the one-value bound, so four together are within the bound on all (4 × 2**24 here)."""
+    four = compile_expr(several(f"-{V}", 4), WHERE)
+    assert len(four(x=torch.randn(64))) == 4
+    assert "_unary" not in four.bind("x").__code__.co_names  # the hot path: -x is computed directly
+    with pytest.raises(ActionError, match=ELEMENTS):
+        compile_expr(several(f"-{V}", 4)[:-1] + ", -x)", WHERE)(x=torch.randn(64))
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,14 @@ evaluation's work budget and a copy of any result that may be the module's own t
 from __future__ import annotations
 
 import ast
+import copy
 import sys
 from collections.abc import Callable, Collection
 from typing import Any
 
 from surgery.errors import ActionError
 from surgery.expr.runtime import GLOBALS
+from surgery.expr.work import CHARGED_BEFORE, UNCOUNTED_VALUES, VIEWS
 
 NAMES = ("x", "inputs", "output", "grad", "module", "kwargs")
 
@@ -47,6 +49,59 @@ def _may_share_storage(node: ast.expr) -> bool:
     return False
 
 
+_TWO_VALUES = frozenset({"sort", "topk", "kthvalue"})  # (values, indices)
+
+
+def counts_values(body: ast.expr) -> bool:
+    """Whether an evaluation must count the elements it makes: not when it makes at most UNCOUNTED_VALUES
+    values, as each is within the one-value bound (einsum's intermediates and where(cond)'s tuple always count)."""
+    values = 0
+    for node in ast.walk(body):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        helper = node.func.id
+        if helper in ("_binary", "_unary", "_index"):
+            values += 1
+        elif helper in ("_call", "_call_method"):
+            name = node.args[2].value  # type: ignore[attr-defined]
+            if name == "einsum" or (name == "where" and len(node.args) + len(node.keywords) == 4):
+                return True
+            values += 0 if helper == "_call_method" and name in VIEWS else 2 if name in _TWO_VALUES else 1
+    return values > UNCOUNTED_VALUES
+
+
+# helper operator name -> the plain AST operator, where a number operand needs no guard (unlike * and **)
+_RAW_WITH_A_NUMBER: dict[str, type[ast.operator] | type[ast.cmpop]] = {
+    **{f"_op_{op.__name__}": op for op in (ast.Add, ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)},
+    **{f"_op_{op.__name__}": op for op in (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)},
+}
+
+
+class _Uncounted(ast.NodeTransformer):
+    """The hot path of an evaluation that need not count what it makes: what is charged nothing before it runs
+    is called directly (``relu(x)``, ``x.view(...)``, ``-x``, ``x + 1``), as plain Python would."""
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        self.generic_visit(node)
+        helper = node.func.id if isinstance(node.func, ast.Name) else None
+        if helper in ("_call", "_call_method") and node.args[2].value not in CHARGED_BEFORE:  # type: ignore[attr-defined]
+            if helper == "_call":
+                return ast.copy_location(ast.Call(node.args[1], node.args[3:], node.keywords), node)
+            method = helper_call("_method", node.args[1:3], node)
+            return ast.copy_location(ast.Call(method, node.args[3:], node.keywords), node)
+        if helper == "_unary":
+            unary = ast.USub() if node.args[1].id == "_op_USub" else ast.Invert()  # type: ignore[attr-defined]
+            return ast.copy_location(ast.UnaryOp(unary, node.args[2]), node)
+        if helper == "_binary" and node.args[1].id in _RAW_WITH_A_NUMBER:  # type: ignore[attr-defined]
+            left, right = node.args[2:]
+            if any(isinstance(side, ast.Constant) and type(side.value) in (int, float) for side in (left, right)):
+                op = _RAW_WITH_A_NUMBER[node.args[1].id]()  # type: ignore[attr-defined]
+                if isinstance(op, ast.cmpop):
+                    return ast.copy_location(ast.Compare(left, [op], [right]), node)
+                return ast.copy_location(ast.BinOp(left, op, right), node)
+        return node
+
+
 _PYTHON_312 = sys.version_info >= (3, 12)
 
 
@@ -66,7 +121,7 @@ class Expr:
     >>> hook_fn = scale.bind("module", "inputs", "output")  # x is inputs[0]  # doctest: +SKIP
     """
 
-    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_sized", "_bound")
+    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_bound")
 
     def __init__(
         self, text: str, where: str, names: Collection[str], used: frozenset[str], body: ast.expr, reads: frozenset[str]
@@ -76,8 +131,6 @@ class Expr:
         self.module_reads = reads  # names read as module.NAME, so a plan can check each module has them
         self._body = body
         self._owns = _may_share_storage(body)  # copy the result: it may be the module's own tensor
-        # operations are charged to one Work per evaluation, bounded by the largest argument (surgery.expr.work)
-        self._sized = any(isinstance(n, ast.Name) and n.id == "_env" for n in ast.walk(body))
         self._bound: dict[tuple[str, ...], Callable[..., Any]] = {}
 
     def bind(self, *params: str) -> Callable[..., Any]:
@@ -96,12 +149,15 @@ class Expr:
         if derive_x:
             first = ast.Subscript(ast.Name("inputs", ast.Load()), ast.Constant(0), ast.Load())
             statements.append(ast.Assign([ast.Name("x", ast.Store())], first))
-        if self._sized:
+        body, counting = self._body, counts_values(self._body)
+        if not counting:
+            body = ast.fix_missing_locations(_Uncounted().visit(copy.deepcopy(body)))
+        if any(isinstance(n, ast.Name) and n.id == "_env" for n in ast.walk(body)):
             arguments = ast.Tuple([ast.Name(name, ast.Load()) for name in params], ast.Load())
             zero = ast.Constant(0)
-            work = ast.List([arguments, zero, zero, zero, ast.Constant(None)], ast.Load())  # work.new_work, inlined
-            statements.append(ast.Assign([ast.Name("_env", ast.Store())], work))
-        value = helper_call("_owned", [self._body], self._body) if self._owns else self._body
+            work = ast.List([arguments, zero, zero, zero, ast.Constant(None), ast.Constant(counting)], ast.Load())
+            statements.append(ast.Assign([ast.Name("_env", ast.Store())], work))  # work.new_work, inlined
+        value = helper_call("_owned", [body], body) if self._owns else body
         statements.append(ast.Return(value))
         failed = ast.Call(ast.Name("_failed", ast.Load()), [ast.Name("_error", ast.Load()), ast.Constant(self.where),
                           ast.Constant(self.text)], [])  # fmt: skip

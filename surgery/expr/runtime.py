@@ -21,6 +21,7 @@ from torch import nn
 from surgery.errors import ActionError, did_you_mean
 from surgery.expr.work import (
     CHARGED_BEFORE,
+    COUNTING,
     ENV,
     MADE,
     MIN_ELEMENTS,
@@ -178,6 +179,8 @@ def _call(work: Work, function: Callable[..., Any], name: str, *args: Any, **kwa
     if name in CHARGED_BEFORE:
         charge_before(work, name, args, kwargs, function)
     result = function(*args, **kwargs)
+    if not work[COUNTING]:
+        return result
     if not isinstance(result, _Tensor):
         made(work, result)  # a tuple of tensors (sort, topk) or nothing to count
         return result
@@ -215,6 +218,8 @@ def _binary(work: Work, op: Callable[[Any, Any], Any], left: Any, right: Any) ->
     elif not (isinstance(right, _Tensor) and type(left) in _NUMBERS):
         return _charged(work, op(left, right))  # numbers, tuples: the guards of ** and *
     result = _TENSOR_OPERATORS.get(op, op)(left, right)  # a tensor and a tensor or a number: no guard needed
+    if not work[COUNTING]:
+        return result
     count = result.numel()  # made(), inlined: this is the hot path of most expressions
     work[MADE] += count
     work[SPENT] += count
@@ -296,6 +301,7 @@ GLOBALS: dict[str, Any] = {
     "_owned": _owned,
     "_failed": _failed,
     "_Exception": Exception,
+    "_method": _find_method,
     "_call": _call,
     "_call_method": _call_method,
     "_binary": _binary,

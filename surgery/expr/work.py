@@ -54,14 +54,20 @@ VIEWS = frozenset(
 )
 
 
+# Each value is within the one-value bound, so this many values together are within the bound on all values
+# (the floors and ceilings keep the same ratio): an expression making no more need not count elements.
+UNCOUNTED_VALUES = LIVE // GROWTH
+assert MIN_LIVE == UNCOUNTED_VALUES * MIN_ELEMENTS and MAX_LIVE == UNCOUNTED_VALUES * MAX_ELEMENTS
+
 # One evaluation's account, made at the start of each (a list: the cheapest thing to make per hook call):
-# [its arguments, operations so far, elements made so far, tensors split off so far, its bounds once needed]
+# [its arguments, operations so far, elements made so far, tensors split off so far, its bounds once needed,
+#  whether it counts the elements of every value it makes]
 Work = list
-ENV, SPENT, MADE, PIECES, BOUNDS = range(5)
+ENV, SPENT, MADE, PIECES, BOUNDS, COUNTING = range(6)
 
 
-def new_work(env: tuple[Any, ...]) -> Work:
-    return [env, 0, 0, 0, None]
+def new_work(env: tuple[Any, ...], counting: bool = True) -> Work:
+    return [env, 0, 0, 0, None, counting]
 
 
 def limits(work: Work) -> tuple[int, int]:
@@ -81,6 +87,8 @@ def spend(work: Work, operations: int) -> None:
 
 def made(work: Work, value: Any) -> None:
     """Charge the elements of a value just made (a tensor, or the tensors of a tuple), as elements and as work."""
+    if not work[COUNTING]:
+        return
     if isinstance(value, torch.Tensor):
         count = value.numel()
     elif isinstance(value, tuple):  # sort, topk, kthvalue, where(cond)
@@ -122,6 +130,8 @@ def charge_before(work: Work, name: str, args: tuple[Any, ...], kwargs: dict[str
             operations, intermediates, _ = _einsum_work(first, args[1:])
             spend(work, operations)
             work[MADE] += intermediates  # the tensors einsum makes on its way; its result is counted when made
+            if work[MADE] > MIN_LIVE:
+                over(work)
     if not isinstance(first, torch.Tensor):
         return
     if name in _REDUCING:
