@@ -5,10 +5,11 @@ with :mod:`ast` and checked against an allowlist before any model is touched: nu
 variables in ``NAMES``, the functions in ``FUNCTIONS``, the tensor methods in ``TENSOR_METHODS``,
 arithmetic, comparisons, indexing and tuple/list literals. Number-only arithmetic is folded at
 check time with guards, so ``9 ** 9 ** 9`` is refused instead of hanging. Every attribute read,
-method call, ``*`` and ``**`` is rewritten into a checked helper, so at run time ``.name`` works
-only on tensors and on ``module`` (the hooked module: ``module.NAME`` reads its parameters,
-buffers, submodules and numbers, nothing else), and a result that may share storage with the
-module's tensors is copied, a decision made at check time.
+call, operator and index with tensors is rewritten into a checked helper, so at run time ``.name``
+works only on tensors and on ``module`` (the hooked module: ``module.NAME`` reads its parameters,
+buffers, submodules and numbers, nothing else), each operation is charged to the evaluation's
+bounded work (:mod:`surgery.expr.work`), and a result that may share storage with the module's
+tensors is copied, a decision made at check time (:mod:`surgery.expr.compiled`).
 
 Decisions: ``a if c else b`` is refused (it breaks on tensors; use ``where(c, a, b)``);
 ``and``/``or`` and chained comparisons are refused, while ``&``, ``|``, ``^`` and ``~`` are
