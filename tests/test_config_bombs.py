@@ -238,6 +238,9 @@ CASES = [
         "4 × [30000, 30000]",
     ),
     ("add-buffer", [SAFE, "+model=mlp", add("add_buffer", "[100000, 100000]")], "actions.p.shape:", "GB"),
+    # sizes no tensor can have: one line without safe mode too
+    ("shape-past-int64", ["+model=mlp", f"input.shape=[{10**20}]"], "input.shape:", "past 2**63-1"),
+    ("shape-overflowing", ["+model=mlp", f"input.shape=[{10**10},{10**10},{10**10}]"], "input.shape:", "overflow"),
     # torch functions a config may name as fn: their output is measured on meta before each call
     ("fn-pad", [SAFE, "+model=mlp", partial("pad", "pad: [0, 1000000000]")], "actions.m.fn on module 'head':", "GB"),
     (
@@ -257,14 +260,14 @@ def test_a_bomb_is_one_line_naming_its_key_before_any_cost(
     message = refused(*overrides, out=tmp_path)
     assert message.startswith(starts.replace("DIR", str(user_dir))), message
     assert says in message, message
-    if (
-        starts.startswith(SIZED) and "modules" not in says and "count" not in says
-    ):  # estimated, not the allocator failing
+    bounded = any(o == SAFE or o.startswith("limits.memory_gb") for o in overrides)
+    if bounded and starts.startswith(SIZED) and "modules" not in says and "count" not in says:
+        # estimated before allocating, not the allocator failing
         assert "would need" in message and "more than limits.memory_gb=" in message, message
 
 
-def test_the_red_team_table_is_at_least_35_cases() -> None:
-    assert len(CASES) + 2 >= 50  # + the two generate cases below
+def test_the_red_team_table_is_at_least_50_cases() -> None:
+    assert len(CASES) + 3 >= 50  # + the generate and allocator cases below
 
 
 def test_generate_max_new_tokens_is_a_count(tmp_path: Path) -> None:
@@ -402,3 +405,21 @@ def test_generate_past_a_models_positions_is_a_config_error_without_limits_too()
         "generate.max_new_tokens: 1,000,000,000 new tokens after a 3-token prompt pass the model's 64 positions"
         " (n_positions); at most 61 here"
     )
+
+
+def test_an_input_the_allocator_refuses_is_one_line_without_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """safe=false: a shape this machine cannot hold ends in one line naming input.shape, not a traceback."""
+    import torch
+
+    from surgery.app.inputs import make_inputs
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 80 GB\nmore"
+        )
+
+    monkeypatch.setattr(torch, "randn", refuse)
+    with pytest.raises(
+        ConfigError, match=r"^input\.shape: the input cannot be made here \(\[enforce fail.*80 GB\); check"
+    ):
+        make_inputs({"shape": [2, 3]}, 0, torch.float32, torch.device("cpu"))

@@ -87,6 +87,22 @@ def make_inputs(
     spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device, batch: int = 0
 ) -> tuple[torch.Tensor, ...]:
     """Positional model inputs described by ``spec`` (kind random, tokens, digit or file) for one batch."""
+    key = "input.shapes" if spec.get("shapes") is not None else "input.shape"
+    try:
+        return _make_inputs(spec, seed, dtype, device, batch)
+    except MemoryError:
+        raise ConfigError(f"{key}: the input does not fit in memory here; check the sizes") from None
+    except RuntimeError as e:  # without limits.memory_gb the allocator is what refuses: say so in one line
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "allocate" not in reason and "overflow" not in reason.lower():
+            raise
+        raise ConfigError(f"{key}: the input cannot be made here ({reason}); check the sizes") from None
+
+
+def _make_inputs(
+    spec: Mapping[str, Any], seed: int, dtype: torch.dtype, device: torch.device, batch: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """:func:`make_inputs` without turning the allocator's refusal into a config error."""
     unknown = sorted(set(spec) - set(INPUT_KEYS))
     if unknown:
         raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
@@ -152,6 +168,8 @@ def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:
     for s in shapes:
         if not all(isinstance(d, int) and d >= 0 for d in s):
             raise ConfigError(f"input.shape: sizes must be non-negative ints, got {s}")
+        if any(d >= 2**63 for d in s):  # torch takes 64-bit sizes; more is a TypeError deep inside it
+            raise ConfigError(f"input.shape: {s} has a size past 2**63-1, more than any tensor can have")
     return shapes
 
 
