@@ -31,6 +31,7 @@ from surgery.core.paths import config_dir
 from surgery.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:provider=hydra.searchpath:UserWarning")  # pkg://evil: never read
 CPUS = os.cpu_count() or 1
 
 
@@ -132,7 +133,21 @@ REFUSED: dict[str, tuple[list[str], bool, str]] = {
     "run_dir_start_file": (["hydra.run.dir=."], False, "hydra.run.dir"),
     "sweep_dir_home_file": (["hydra.sweep.dir='~/x'"], False, "hydra.sweep.dir"),
     "sweep_subdir_up": (["hydra.sweep.subdir=../x"], True, "hydra.sweep.subdir"),
+    "output_subdir_nested_up": (["hydra.output_subdir=.hydra/../.."], True, "hydra.output_subdir"),
+    "job_name_empty": (["hydra.job.name=''"], True, "hydra.job.name"),
+    "run_dir_from_overrides": (["+x=a/../../..", "hydra.run.dir=out/${hydra.job.override_dirname}"], False,
+                               "hydra.run.dir"),
+    "env_set_in_file": (["@hydra:\n job:\n  env_set: {RANK: '0'}\n"], False, "hydra.job.env_set.RANK"),
     # launchers and sweepers: what Hydra builds
+    "joblib_pre_dispatch": ([JOBLIB, "hydra.launcher.pre_dispatch='__import__(\"os\")'"], True,
+                            "hydra.launcher.pre_dispatch"),
+    "joblib_mmap_write": ([JOBLIB, "hydra.launcher.mmap_mode=w+"], True, "hydra.launcher.mmap_mode"),
+    "slurm_exclude_space": ([SLURM, "hydra.launcher.exclude='a b'"], True, "hydra.launcher.exclude"),
+    "submitit_name": ([SLURM, "hydra.launcher.name='x; rm -rf ~'"], True, "hydra.launcher.name"),
+    "launcher_list_value": (["+hydra.launcher.x=[1]"], True, "hydra.launcher.x"),
+    "sweeper_batch": (["hydra.sweeper.max_batch_size=-1"], True, "hydra.sweeper.max_batch_size"),
+    "pickle_callback": (["+hydra.callbacks.x={_target_: hydra.experimental.callbacks.PickleJobInfoCallback}"], True,
+                        "hydra.callbacks.x._target_"),
     "launcher_target": (["hydra.launcher._target_=builtins.print"], True, "hydra.launcher._target_"),
     "launcher_nested": (["+hydra.launcher.x={_target_: builtins.open, file: /tmp/m, mode: w}"], True,
                         "hydra.launcher.x"),
