@@ -1,9 +1,13 @@
 """Where surgery steps into Hydra before the task runs: safe mode's checks and messages in our words.
 
 Hydra has no hook between composing a config and acting on it (building ``hydra.callbacks``,
-configuring logging from ``hydra.hydra_logging``), nor for its own error messages, so these wrap
-the few Hydra functions involved. Each wrapper refuses with one ``error: ...`` line and exit 2; a sweep
-job that failed in another process (submitit) exits 2 with its own error line, or 1 when it failed unexpectedly.
+launchers and sweepers, configuring logging, setting ``env_set``), nor for its own error messages, so
+these wrap the few Hydra functions involved. After every composition (:func:`check_composed`):
+interpolation loops and sizes for everyone, and under ``safe=true`` resolvers and the ``hydra.*``
+allowlist (``safe_hydra.py``, ``safe_logging.py``; docs/sharing.md); a ``pkg://`` search path is
+refused before Hydra reads it. Each wrapper refuses with one ``error: ...`` line (control characters
+escaped) and exit 2; a sweep job that failed in another process (submitit) exits 2 with its own error
+line, or 1 when it failed unexpectedly.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def check_formats(config: DictConfig, safe: bool) -> None:
             if not isinstance(text, str) or "${" in text or style not in ("%", "{", "$"):
                 continue  # not resolvable yet, or a style logging itself refuses (one line when applied)
             try:
-                logging.Formatter(text, style=style, validate=True)
+                logging.Formatter(text, style=style, validate=True)  # type: ignore[arg-type]
             except (ValueError, KeyError, TypeError) as e:
                 raise ConfigError(f"{at}.format: {text!r} is not a valid logging format ({e})") from None
             unknown = sorted(set(re.findall(r"%\((\w+)\)", text)) - fields) if style == "%" and safe else []
