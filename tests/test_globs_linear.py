@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import surgery
-from surgery.core.globs import ROOT, _cachedglob_regex, compile_globs, glob_rename
+from surgery.core.globs import ROOT, _cachedglob_regex, compile_globs, glob_regex, glob_rename
 from surgery.core.select import Target, select_modules, select_params
 from surgery.errors import ConfigError
 
@@ -66,6 +66,24 @@ HOSTILE = [
 def test_hostile_globs_match_fast(pattern: str, name: str, matches: bool) -> None:
     with within(1.0):
         assert compile_globs([pattern], "actions.a.select")(name) is matches
+
+
+@pytest.mark.parametrize("pattern", ["*attn*", "**.*attn*", "blocks.*.*_proj*", "*?*?*?*?*?*?b", "**.a.**.b.**"])
+def test_a_glob_is_one_regex_so_selection_stays_in_c(pattern: str) -> None:
+    """select maps the regex over every name without a Python frame; only names with an empty segment, which no
+    module has, take the slower table (for globs with several '**')."""
+    assert isinstance(glob_regex([pattern], "w"), re.Pattern) or pattern.count("**") > 1
+    names = [f"model.layers.{i}.self_attn.q_proj" for i in range(20000)]
+    with within(1.0):
+        list(map(glob_regex([pattern], "w").fullmatch, names))
+
+
+def test_a_name_with_empty_segments_is_matched_exactly_under_several_double_stars() -> None:
+    """Placing '*' where it first fits would leave the empty segment to a '**', which spans only non-empty ones."""
+    matches = compile_globs(["**.*.**.b"], "w")
+    assert matches("x..b") and matches(".x.b") and not matches("x..c")
+    with within(1.0):
+        assert not compile_globs(["**.a.**.a.**.a.**.b"], "w")(".." + DOTTED)
 
 
 class Long(nn.Module):
@@ -206,11 +224,12 @@ def _double_star_flags(segment_atoms: list | None) -> list[bool]:
 @given(globs, names)
 def test_the_linear_matcher_captures_what_the_old_regex_captured(pattern: str, name: str) -> None:
     """Forced on every glob (not only those the regex would backtrack on): same verdict, same captures."""
-    from surgery.core.globs import _LinearGlob, _parse
+    from surgery.core.glob_table import LinearGlob
+    from surgery.core.globs import _parse
 
     segments, atoms, _ = _parse(pattern, "w")
     match = old_regex(pattern).fullmatch(name)
-    got = _LinearGlob(segments, atoms).captures(name)
+    got = LinearGlob(segments, atoms).captures(name)
     wild = [flag for i in range(len(segments)) for flag in _double_star_flags(atoms[i])]
     expected = None if match is None else [g.strip(".") if d else g for g, d in zip(match.groups(), wild, strict=True)]
     if got is not None:  # rename drops the dots around what a '**' took

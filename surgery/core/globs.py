@@ -17,11 +17,11 @@ anything else   literal (``blocks.0`` matches only ``blocks.0``, not ``blocks.01
 longer pattern and a pattern over ``MAX_GLOB_LENGTH`` characters are config errors. The root has
 no segments, so only ``<root>`` and all-``**`` patterns match it (``*`` needs exactly one segment).
 
-Time: a pattern with at most one ``**`` and at most one ``*`` per segment is one regex, which
-cannot backtrack more than once per segment. Any other (``*?*?*?b``, ``**.a.**.b``) is matched
-without backtracking: each segment by placing the fixed-width pieces between its stars from the
-right, the segments by a table over (pattern segment, name segment). Both give the captures a
-backtracking regex would (each wildcard as long as it can be, left to right), for ``rename``.
+Time: every glob is one regex that cannot backtrack without bound (``*?*?*?b``, ``**.a.**.b``):
+the pieces between a segment's stars, and the runs of segments between two ``**``, are each
+placed where they first fit and never tried again (atomic groups), which finds a match whenever
+there is one. Where ``rename`` needs what each wildcard matched, or a name has an empty segment,
+:mod:`surgery.core.glob_table` matches without backtracking.
 
 Type patterns: without a dot, a glob on ``type(module).__name__`` (exact class, no
 subclasses: ``Conv2d``, ``Function_*``); with a dot, the same glob rule on
@@ -32,10 +32,12 @@ subclasses: ``Conv2d``, ``Function_*``); with a dot, the same glob rule on
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
+from surgery.core.glob_table import LinearGlob, runs
 from surgery.errors import ConfigError
 
 ROOT = "<root>"
@@ -77,11 +79,26 @@ def _atoms(segment: str, pattern: str, where: str) -> list[tuple[str, bool] | No
 
 
 def _segment_regex(atoms: list[tuple[str, bool] | None], capture: bool) -> str:
-    """The regex of one segment's atoms; ``capture`` groups each wildcard."""
-    parts = ("[^.]*" if atom is None else atom[0] for atom in atoms)
-    if not capture:
+    """The regex of one segment's atoms; ``capture`` groups each wildcard (for rename, at most one star)."""
+    parts = ["[^.]*" if atom is None else atom[0] for atom in atoms]
+    if capture:
+        return "".join(f"({p})" if atom is None or atom[1] else p for p, atom in zip(parts, atoms))
+    pieces = ["".join(a for a, _ in run) for run in runs(atoms)]  # the fixed-width pieces between the stars
+    if len(pieces) <= 2:
         return "".join(parts)
-    return "".join(f"({p})" if atom is None or atom[1] else p for p, atom in zip(parts, atoms))
+    # The pieces between the first and the last star, each where it first fits and never tried again: a
+    # glob's segment matches if and only if it matches so, and no star can backtrack over another.
+    middle = "".join(_once("[^.]*?" + piece) for piece in pieces[1:-1])
+    return pieces[0] + middle + "[^.]*" + pieces[-1]
+
+
+_IDS = itertools.count()
+
+
+def _once(body: str) -> str:
+    """``body`` matched where it first can and never tried again: an atomic group, as Python 3.10's re writes it."""
+    name = f"g{next(_IDS)}"
+    return f"(?=(?P<{name}>{body}))(?P={name})"
 
 
 def _segments(pattern: str, where: str) -> list[str]:
@@ -107,6 +124,8 @@ def _regex_source(segments: list[str], atoms: list[Any], capture: bool) -> str:
     """Regex source that must match a whole non-root name (``atoms[i]`` of each non-``**`` segment)."""
     if segments == ["**"]:
         return "(.+)" if capture else ".+"
+    if not capture and segments.count("**") > 1:
+        return _groups_source(segments, atoms)
     out: list[str] = []
     for i, seg in enumerate(segments):
         if seg == "**":  # zero or more whole segments, with the dots around them
@@ -119,116 +138,31 @@ def _regex_source(segments: list[str], atoms: list[Any], capture: bool) -> str:
     return "".join(out)
 
 
-class _Piece(NamedTuple):
-    """A fixed-width run of a segment's atoms between two stars, found forward or (reversed) backward."""
-
-    forward: re.Pattern[str]
-    backward: re.Pattern[str]  # the atoms reversed, searched in the reversed segment
-    width: int
-    wild: tuple[int, ...]  # offsets of the wildcards (?, [..]) inside the piece
-
-
-def _pieces(atoms: list[tuple[str, bool] | None]) -> list[_Piece]:
-    """The pieces between a segment's stars: one more than it has stars."""
-    runs: list[list[tuple[str, bool]]] = [[]]
-    for atom in atoms:
-        if atom is None:
-            runs.append([])
+def _groups_source(segments: list[str], atoms: list[Any]) -> str:
+    """A yes/no regex for a glob with several ``**``, for names without empty segments (the others are refused
+    here and matched by :class:`LinearGlob`): each run of segments between two ``**`` is placed where it first
+    fits and never tried again, so no ``**`` backtracks over another; the last ``**`` alone may backtrack."""
+    groups: list[list[str]] = [[]]
+    for i, seg in enumerate(segments):
+        if seg == "**":
+            groups.append([])
         else:
-            runs[-1].append(atom)
-    return [
-        _Piece(
-            re.compile("".join(a for a, _ in run)),
-            re.compile("".join(a for a, _ in reversed(run))),
-            len(run),
-            tuple(k for k, (_, wild) in enumerate(run) if wild),
-        )
-        for run in runs
-    ]
+            groups[-1].append(_segment_regex(atoms[i], capture=False))
+    out = [r"(?!\.|(?s:.*)\.\.|(?s:.*)\.\Z)", r"\.".join(groups[0])]  # no empty segment
+    for i in range(1, len(groups) - 1):
+        lead = r"\." if i > 1 or groups[0] else ""
+        out.append(lead + _once(r"(?:[^.]+\.)*?" + r"\.".join(groups[i]) + r"(?=\.|\Z)"))
+    out.append(r"\.(?:[^.]+\.)*" + r"\.".join(groups[-1]) if groups[-1] else r"(?:\.[^.]+)*")
+    return "".join(out)
 
 
-def _match_segment(pieces: list[_Piece], text: str) -> list[str] | None:
-    """The wildcards' captures when one segment's pattern matches ``text`` wholly, else None.
-
-    Pieces are placed from the right, each as far right as it goes: that finds a match if there is
-    one, and makes each star as long as it can be, left to right (what a backtracking regex picks).
-    """
-    n, first, last = len(text), pieces[0], pieces[-1]
-    if len(pieces) == 1:
-        found = first.forward.fullmatch(text)
-        return None if found is None else [text[k] for k in first.wild]
-    if (
-        n < first.width + last.width
-        or not first.forward.match(text)
-        or not last.forward.fullmatch(text, n - last.width)
-    ):
-        return None
-    starts = [0] * len(pieces)
-    starts[-1] = end = n - last.width
-    reversed_text = text[::-1]
-    for i in range(len(pieces) - 2, 0, -1):
-        found = pieces[i].backward.search(reversed_text, n - end, n - first.width)
-        if found is None:
-            return None
-        starts[i] = end = n - found.end()
-    captures = [text[k] for k in first.wild]
-    for i in range(1, len(pieces)):
-        captures.append(text[starts[i - 1] + pieces[i - 1].width : starts[i]])
-        captures.extend(text[starts[i] + k] for k in pieces[i].wild)
-    return captures
-
-
-class _LinearGlob:
-    """One glob matched without backtracking: a table over (pattern segment, name segment)."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, segments: list[str], atoms: list[Any]) -> None:
-        self.items = [None if seg == "**" else _pieces(atoms[i]) for i, seg in enumerate(segments)]
-
-    def captures(self, name: str) -> list[str] | None:
-        """What each wildcard matched, in order (``**`` without its dots), or None when ``name`` does not match."""
-        items = self.items
-        if len(items) == 1 and items[0] is None:
-            return [name] if name else None
-        segs = name.split(".")
-        count = len(segs)
-        # ok[t][s]: items[t:] match segs[s:]; a '**' spans only non-empty segments, as its regex does
-        ok = [[False] * (count + 1) for _ in range(len(items) + 1)]
-        ok[-1][count] = True
-        for t in range(len(items) - 1, -1, -1):
-            row, after, pieces = ok[t], ok[t + 1], items[t]
-            if pieces is None:
-                row[count] = after[count]
-                for s in range(count - 1, -1, -1):
-                    row[s] = after[s] or (row[s + 1] and segs[s] != "")
-            else:
-                for s in range(count):
-                    row[s] = after[s + 1] and _match_segment(pieces, segs[s]) is not None
-        if not ok[0][0]:
-            return None
-        found: list[str] = []
-        s = 0
-        for t, pieces in enumerate(items):
-            if pieces is None:  # as many segments as can be, like the regex's greedy '**'
-                k = s
-                while k < count and segs[k]:
-                    k += 1
-                while not ok[t + 1][k]:
-                    k -= 1
-                found.append(".".join(segs[s:k]))
-                s = k
-            else:
-                found.extend(_match_segment(pieces, segs[s]) or ())
-                s += 1
-        return found
-
-    def fullmatch(self, name: str) -> bool | None:
-        return True if self.captures(name) is not None else None
+def _has_empty_segment(name: str) -> bool:
+    return name.startswith(".") or name.endswith(".") or ".." in name
 
 
 def _parse(pattern: str, where: str) -> tuple[list[str], list[Any], bool]:
-    """Segments, each segment's atoms (None for ``**``), and whether one regex may backtrack on it."""
+    """Segments, each segment's atoms (None for ``**``), and whether a regex with a group per wildcard (for
+    rename's captures) could backtrack on it: several ``**``, or a segment with several ``*``."""
     segments = _segments(pattern, where)
     atoms = [None if seg == "**" else _atoms(seg, pattern, where) for seg in segments]
     stars = [sum(a is None for a in seg_atoms) for seg_atoms in atoms if seg_atoms is not None]
@@ -272,16 +206,19 @@ def glob_rename(old: str, new: str, where: str) -> Callable[[str], str | None]:
             f" ({' '.join(old_kinds) or 'none'} vs {' '.join(w[:2] for w in new_tags) or 'none'})"
         )
     segments, atoms, backtracks = _parse(old, where)
-    regex = _compile(_regex_source(segments, atoms, capture=True), [old], where)
-    linear = _LinearGlob(segments, atoms) if backtracks else None
+    regex = _compile(_regex_source(segments, atoms, capture=not backtracks), [old], where)
+    linear = LinearGlob(segments, atoms) if backtracks else None
+    several = segments.count("**") > 1
     parts = re.split(r"(\*\*|\[[^\]]*\]|\*|\?)", new)  # literals at even positions, wildcards at odd
 
     def rename(name: str) -> str | None:
+        match = regex.fullmatch(name)
         if linear is None:
-            match = regex.fullmatch(name)
             groups: Sequence[str] | None = None if match is None else match.groups()
-        else:
+        elif match is not None or (several and _has_empty_segment(name)):  # the yes/no regex first: most keys
             groups = linear.captures(name)
+        else:
+            return None
         if groups is None:
             return None
         out = list(parts)
@@ -298,18 +235,19 @@ def glob_rename(old: str, new: str, where: str) -> Callable[[str], str | None]:
 
 
 class _Globs:
-    """Globs matched one after the other: the regex of those that cannot backtrack, then the others."""
+    """Globs with several ``**``: their regex, and for a name with an empty segment (``a..b``, which no module
+    has), which that regex leaves out, the table of :class:`LinearGlob`."""
 
-    __slots__ = ("_regex", "_linear", "_root")
+    __slots__ = ("_regex", "_linear")
 
-    def __init__(self, regex: re.Pattern[str] | None, linear: list[_LinearGlob], root: bool) -> None:
-        self._regex, self._linear, self._root = regex, linear, root
+    def __init__(self, regex: re.Pattern[str], linear: list[LinearGlob]) -> None:
+        self._regex, self._linear = regex, linear
 
     def fullmatch(self, name: str) -> bool | None:
-        if name == ROOT:
-            return self._root or None
-        if self._regex is not None and self._regex.fullmatch(name) is not None:
+        if self._regex.fullmatch(name) is not None:
             return True
+        if name == ROOT or not _has_empty_segment(name):
+            return None
         return True if any(glob.captures(name) is not None for glob in self._linear) else None
 
 
@@ -327,17 +265,12 @@ def glob_regex(patterns: str | Sequence[str], where: str) -> Any:
 def _cachedglob_regex(patterns: tuple[str, ...], where: str) -> Any:
     root = any(p == ROOT or set(p.split(".")) == {"**"} for p in patterns)
     parsed = [_parse(p, where) for p in patterns if p != ROOT]
-    sources = [_regex_source(segments, atoms, capture=False) for segments, atoms, _ in parsed]
-    safe = [f"(?:{s})" for s, (_, _, backtracks) in zip(sources, parsed) if not backtracks]
-    body = "|".join(safe) or "(?!)"
+    body = "|".join(f"(?:{_regex_source(segments, atoms, capture=False)})" for segments, atoms, _ in parsed)
     # The root has no segments: '*' or '?*' must not reach it through the text '<root>'.
-    source = f"{re.escape(ROOT)}|{body}" if root else rf"(?!{re.escape(ROOT)}\Z)(?:{body})"
+    source = f"{re.escape(ROOT)}|{body or '(?!)'}" if root else rf"(?!{re.escape(ROOT)}\Z)(?:{body or '(?!)'})"
     regex = _compile(source, patterns, where)
-    for s, (_, _, backtracks) in zip(sources, parsed):
-        if backtracks:
-            _compile(s, patterns, where)  # a bad class is refused whichever way the glob is matched
-    linear = [_LinearGlob(segments, atoms) for segments, atoms, backtracks in parsed if backtracks]
-    return _Globs(regex if safe else None, linear, root) if linear else regex
+    linear = [LinearGlob(segments, atoms) for segments, atoms, _ in parsed if segments.count("**") > 1]
+    return _Globs(regex, linear) if linear else regex
 
 
 def compile_globs(patterns: Sequence[str], where: str) -> Callable[[str], bool]:
