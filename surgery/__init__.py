@@ -84,10 +84,10 @@ def study(
     ``options``: ``labels`` (for ``loss``/``accuracy`` on non-text inputs), ``n_boot``, ``seed``,
     ``batch_size``, ``strict``, ``safe``. See docs/studies.md.
     """
-    from surgery.study.run import check_method, run_study
+    from surgery.study.run import run_study
 
-    check_method(method, steps, verify_top)
     return run_study(model, actions, grid, inputs, metrics, source=source, normalize=normalize, ci=ci,
+                     method=method, steps=steps, verify_top=verify_top,
                      tokenizer=tokenizer, **options)  # fmt: skip
 
 

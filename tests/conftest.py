@@ -213,3 +213,16 @@ def fully_shard_one_rank(model: nn.Module, layers: Sequence[nn.Module] = ()) -> 
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+@pytest.fixture(scope="module")
+def tiny_lm() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A tiny GPT-2 (vocab 20) and clean / corrupted token ids [3, 5] differing at position 1: for studies."""
+    from tests.lm_helpers import tiny_gpt2
+
+    model = tiny_gpt2(20, 1)
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(2, 20, (3, 5), generator=g)
+    corrupt = clean.clone()
+    corrupt[:, 1] = 5
+    return model, clean, corrupt

@@ -13,7 +13,6 @@ import torch
 
 import surgery
 from surgery.errors import ConfigError, NoMatchError
-from tests.lm_helpers import tiny_gpt2
 
 PATCH = {
     "cap": {"kind": "capture", "select": "transformer.h.{layer}", "what": ["input"]},
@@ -21,16 +20,6 @@ PATCH = {
               "from": {"capture": "cap", "what": "input"}},
 }  # fmt: skip
 METRICS = [{"logit_diff": {"correct": 3, "wrong": 4}}, {"prob": {"token": 3}}]
-
-
-@pytest.fixture(scope="module")
-def lm() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    model = tiny_gpt2(20, 1)
-    g = torch.Generator().manual_seed(0)
-    clean = torch.randint(2, 20, (3, 5), generator=g)
-    corrupt = clean.clone()
-    corrupt[:, 1] = 5
-    return model, clean, corrupt
 
 
 def hidden_in(a: tuple, k: dict) -> torch.Tensor:
@@ -76,8 +65,8 @@ def hand_patching(model, clean, corrupt, shift_embed: float | None = None, noise
     return out
 
 
-def test_a_patching_grid_equals_the_hand_loop_bit_for_bit_and_restores_the_model(lm, tmp_path: Path) -> None:
-    model, clean, corrupt = lm
+def test_a_patching_grid_equals_the_hand_loop_bit_for_bit_and_restores_the_model(tiny_lm, tmp_path: Path) -> None:
+    model, clean, corrupt = tiny_lm
     before = {k: v.clone() for k, v in model.state_dict().items()}
     grid = {"layer": "0:2", "pos": "all"}
     result = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, ci=0.9, batch_cells=1)
@@ -96,8 +85,8 @@ def test_a_patching_grid_equals_the_hand_loop_bit_for_bit_and_restores_the_model
     assert [p.name for p in result.plot(tmp_path / "plots")] == ["study_logit_diff.png", "study_prob.png"]
 
 
-def test_normalize_scales_the_first_metric_per_example_between_unmodified_and_source(lm) -> None:
-    model, clean, corrupt = lm
+def test_normalize_scales_the_first_metric_per_example_between_unmodified_and_source(tiny_lm) -> None:
+    model, clean, corrupt = tiny_lm
     grid = {"layer": [1], "pos": [1, 4]}
     result = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, normalize=True, batch_cells=1)
     raw = hand_patching(model, clean, corrupt)[1:, [1, 4]]
@@ -108,8 +97,8 @@ def test_normalize_scales_the_first_metric_per_example_between_unmodified_and_so
     assert result.normalized == "logit_diff" and "prob" in result.values  # later metrics stay raw
 
 
-def test_passes_main_keeps_a_traces_noise_out_of_the_shared_clean_pass(lm) -> None:
-    model, clean, corrupt = lm
+def test_passes_main_keeps_a_traces_noise_out_of_the_shared_clean_pass(tiny_lm) -> None:
+    model, clean, corrupt = tiny_lm
     shift = {"kind": "modify_output", "select": "transformer.wte", "op": "add", "value": 0.5, "passes": "main"}
     noise, grid = {"noise": shift}, {"layer": "0:2", "pos": "all"}
     result = surgery.study(model, {**noise, **PATCH}, grid, corrupt, METRICS[:1], source=clean, batch_cells=1)
@@ -119,8 +108,8 @@ def test_passes_main_keeps_a_traces_noise_out_of_the_shared_clean_pass(lm) -> No
     assert torch.equal(result.values["logit_diff"], hand_patching(model, clean, corrupt, 0.5, noise_clean=True))
 
 
-def test_batches_give_the_same_values_as_one_batch(lm) -> None:
-    model, clean, corrupt = lm
+def test_batches_give_the_same_values_as_one_batch(tiny_lm) -> None:
+    model, clean, corrupt = tiny_lm
     grid = {"layer": [0], "pos": [1, 2]}
     whole = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_cells=1)
     split = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_size=2, batch_cells=1)
@@ -134,11 +123,11 @@ def test_batches_give_the_same_values_as_one_batch(lm) -> None:
         ({"layer": [0], "pos": [0], "head": [1]}, {}, ConfigError, "study.grid.head: no action uses it"),
         ({"layer": [0], "pos": [9]}, {}, ConfigError, "study cell {layer: 0, pos: 9}: "),
         ({"layer": [0], "pos": [0]}, {"normalize": True, "source": None}, ConfigError, "study.normalize: compares"),
-        ({"layer": [0], "pos": [0]}, {"method": "attribution"}, ConfigError, "study.method: 'attribution'"),
+        ({"layer": [0], "pos": [0]}, {"method": "atp"}, ConfigError, "study.method: 'atp' is not one of"),
     ],
 )
-def test_a_cell_that_cannot_run_is_refused_before_any_cell_runs(lm, grid, options, error, message) -> None:
-    model, clean, corrupt = lm
+def test_a_cell_that_cannot_run_is_refused_before_any_cell_runs(tiny_lm, grid, options, error, message) -> None:
+    model, clean, corrupt = tiny_lm
     options = {"source": clean, **options}
     calls = []
     handle = model.register_forward_hook(lambda m, a, o: calls.append(1))
@@ -164,8 +153,8 @@ def test_a_classifier_study_scores_labels_per_example() -> None:
             assert torch.equal(result.values["accuracy"][i], (z.argmax(-1) == y).double())
 
 
-def test_cells_share_forwards_by_rows_and_give_the_values_of_one_forward_per_cell(lm) -> None:
-    model, clean, corrupt = lm
+def test_cells_share_forwards_by_rows_and_give_the_values_of_one_forward_per_cell(tiny_lm) -> None:
+    model, clean, corrupt = tiny_lm
     grid = {"layer": "0:2", "pos": "all"}
     forwards: list[int] = []
     handle = model.register_forward_hook(lambda m, a, o: forwards.append(int(o.logits.shape[0])))
@@ -193,8 +182,8 @@ def test_cells_share_forwards_by_rows_and_give_the_values_of_one_forward_per_cel
          "changes the source pass too"),
     ],
 )  # fmt: skip
-def test_cells_that_do_not_act_per_row_refuse_shared_forwards_and_run_one_each(lm, change, why) -> None:
-    model, clean, corrupt = lm
+def test_cells_that_do_not_act_per_row_refuse_shared_forwards_and_run_one_each(tiny_lm, change, why) -> None:
+    model, clean, corrupt = tiny_lm
     actions, grid = {"c": change}, {"layer": [0, 1], **({"pos": [1]} if "{pos}" in str(change) else {})}
     with pytest.raises(ConfigError, match=f"^study.batch_cells: 2 cells cannot share a forward: actions.c.*{why}"):
         surgery.study(model, actions, grid, corrupt, METRICS, source=clean, batch_cells=2)

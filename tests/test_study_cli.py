@@ -54,7 +54,7 @@ def test_a_study_run_writes_the_numbers_surgery_study_gives(lm_dir: Path, tmp_pa
     ("more", "message"),
     [
         (("study.grid.layer=0:5",), "study cell {layer: 2, pos: 0}: actions.study_cap"),
-        (("++study.method=attribution",), "study.method: 'attribution' is not available yet"),
+        (("++study.method=atp",), "study.method: 'atp' is not one of patch, attribution, integrated_gradients"),
         (("+study.nope=1",), "study.nope: unknown key"),
         (("study.metrics=[{prob: {token: the cat}}]",), "study.metrics[0].prob.token: 'the cat' is 2 tokens"),
     ],
@@ -78,7 +78,7 @@ def test_an_interrupted_study_resumes_computing_only_the_missing_cells(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from surgery.study import run
+    from surgery.study import cells as run
 
     real, ran = run._run_group, []
 
@@ -105,7 +105,7 @@ def test_an_interrupted_study_resumes_computing_only_the_missing_cells(
 
 
 def test_a_resume_with_another_config_is_refused(lm_dir: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
-    from surgery.study import run
+    from surgery.study import cells as run
 
     real, ran = run._run_group, []
 
@@ -151,3 +151,13 @@ def test_torchrun_ranks_split_the_cells_and_write_the_single_process_result(lm_d
     report = json.loads((out / "report.json").read_text())
     assert report["world_size"] == 2 and report["data"]["examples"] == 1 and report["study"]["cells"] == 10
     assert (out / "study.csv").read_text() == (single / "study.csv").read_text()
+
+
+def test_an_attribution_study_from_the_cli_verifies_its_top_cells(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    report = run_job(composed(*args(lm_dir, "++study.method=attribution", "++study.verify_top=3")), tmp_path)
+    verify = report["study"]["verify"]
+    assert report["study"]["method"] == "attribution" and len(verify["exact"]) == 3
+    saved = load_file(tmp_path / "study.safetensors")
+    assert saved["values/logit_diff"].shape == (2, 5, 1)  # the same files and shapes as an exact study
+    assert (tmp_path / "plots" / "study_verify.png").is_file()
+    assert json.loads((tmp_path / "report.json").read_text())["study"]["verify"]["cells"] == verify["cells"]

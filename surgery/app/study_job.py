@@ -56,7 +56,8 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     result = run_study(
         model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
         ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
-        safe=settings.safe, batch_cells=study.batch_cells, progress=progress, ranks=_ranks(),
+        safe=settings.safe, batch_cells=study.batch_cells, progress=progress, ranks=_ranks(), method=study.method,
+        steps=study.steps, verify_top=study.verify_top,
     )  # fmt: skip
     seconds = time.perf_counter() - clock
     write_tensors(out_dir / "study.safetensors", result.tensors())
@@ -91,8 +92,8 @@ def _progress(
     out_dir: Path, prints: dict[str, str], model: Any, study: StudyConfig, inputs: Any, data: Batches
 ) -> Progress:
     """An interrupted study's progress in ``out_dir`` (refused if another config, model or input), else a fresh one."""
+    from surgery.study.inputs import Inputs
     from surgery.study.metrics import parse_metrics
-    from surgery.study.run import Inputs
 
     ids = Inputs.of(inputs, "input").token_ids()
     grid = parse_grid(study.grid, positions=int(ids.shape[1]) if ids is not None else None)
@@ -112,7 +113,8 @@ def _plan_only(
     out_dir: Path, report: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
     """mode=plan: every cell planned and probed, nothing run; the count and the first cell's plan are printed."""
-    from surgery.study.run import Inputs, probe_cells
+    from surgery.study.inputs import Inputs
+    from surgery.study.run import probe_cells
 
     given = Inputs.of(inputs, "input")
     ids = given.token_ids()
@@ -161,6 +163,7 @@ def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: fl
             which: {name: float(v.nanmean()) for name, v in table.items()} for which, table in result.baselines.items()
         },  # fmt: skip
         "tokens": result.tokens,
+        "verify": result.verify,
         "seconds": seconds,
     }
 

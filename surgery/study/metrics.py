@@ -56,7 +56,7 @@ class PerExample:
 
 def scored(logits: torch.Tensor, labels: torch.Tensor | None, pos: int | None) -> torch.Tensor:
     """The ``[batch, vocab]`` logits at each row's scored position, in float64."""
-    z = logits.detach().double()
+    z = logits.double()  # not detached: an attribution differentiates the metric
     if z.dim() == 2:
         return z
     if z.dim() != 3:
@@ -90,7 +90,7 @@ def _rank(token: int, pos: int | None, logits: Any, labels: Any, reference: Any)
 def _loss(pos: int | None, logits: torch.Tensor, labels: torch.Tensor | None, reference: Any) -> torch.Tensor:
     if labels is None:
         raise ConfigError("study.metrics.loss: needs labels (a data set's, or a text input's token ids)")
-    z = logits.detach().double()
+    z = logits.double()
     if z.dim() == 2:
         return F.cross_entropy(z, labels.long(), reduction="none")
     targets = labels[:, 1:].masked_fill(labels[:, :-1] == IGNORE, IGNORE)  # as perplexity: real → real only

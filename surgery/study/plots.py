@@ -30,7 +30,33 @@ def plot_study(result: StudyResult, directory: Path) -> list[Path]:
         finally:
             fig.clear()
         written.append(path)
+    if result.verify:
+        fig = verify_figure(result.verify)
+        path = directory / "study_verify.png"
+        try:
+            write_atomic(path, partial(_save, fig))
+        finally:
+            fig.clear()
+        written.append(path)
     return written
+
+
+def verify_figure(verify: dict[str, Any]) -> Any:
+    """The scatter of ``verify_top``: each verified cell's estimate against its exact value, with the diagonal."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 5))
+    ax = fig.add_subplot(1, 1, 1)
+    estimate, exact = verify["estimate"], verify["exact"]
+    ax.scatter(exact, estimate)
+    low, high = min(exact + estimate), max(exact + estimate)
+    ax.plot([low, high], [low, high], linestyle="--", color="grey")
+    ax.set_xlabel(f"exact {verify['metric']}")
+    ax.set_ylabel(f"estimated {verify['metric']}")
+    r, rho = verify["pearson"], verify["spearman"]
+    ax.set_title(f"top {len(exact)} cells: Pearson {r if r is None else f'{r:.3f}'},"
+                 f" Spearman {rho if rho is None else f'{rho:.3f}'}")  # fmt: skip
+    return fig
 
 
 def _save(fig: Any, path: Path) -> None:

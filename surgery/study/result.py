@@ -30,6 +30,7 @@ class StudyResult:
     normalized: str | None = None  # the metric whose values are normalized, if any
     baselines: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     tokens: list[str] | None = None  # the first example's tokens, to label positions
+    verify: dict[str, Any] | None = None  # verify_top: the top cells exact vs estimated, with correlations
 
     @property
     def metrics(self) -> list[str]:

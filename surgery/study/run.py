@@ -1,122 +1,57 @@
-"""Run a study: every cell planned and checked first, then per input batch one unmodified forward, one
-shared source pass, and one forward per cell with its plan (compiled once) applied.
+"""Run a study: every cell planned and checked before any runs, then scored batch by batch (cells.py).
 
-The source pass is shared by all cells when it does not depend on the cell: every action that
-could change it is an observer, reads ``from: {capture}`` (a no-op in a source pass) or has
-``passes: main``. Then one surgery holding every cell's captures records the source once, and each
-cell's patch reads its module's frozen calls from there. Otherwise each cell runs its own source pass.
+``run_study`` is what ``surgery.study`` and ``+study=NAME`` call: it parses the grid and metrics,
+fills and compiles each cell's actions once, probes every cell in one forward of the unmodified
+model, scores the cells exactly (``method: patch``) or estimates them (``attribution``,
+``integrated_gradients``), gathers ranks' cells under torchrun, and returns a ``StudyResult``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from surgery.core.compiler import Plan, compile_plan, load_actions
-from surgery.core.engine import Surgery, apply_plan
 from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
-from surgery.lm.text import IGNORE
+from surgery.study.attribution import edits_of, sites_of
+from surgery.study.cells import Attribution, Run
 from surgery.study.grid import cells, check_uses, fill, parse_grid
+from surgery.study.inputs import Inputs
 from surgery.study.metrics import PerExample, parse_metrics
 from surgery.study.result import StudyResult
 from surgery.study.resume import Progress
-from surgery.study.rows import cells_per_forward, interleave, restricted, why_not_rowwise
+from surgery.study.rows import cells_per_forward, restricted, why_not_rowwise
+from surgery.study.sources import shared_captures
 from surgery.study.stats import N_BOOT, bootstrap, mean, normalized
+from surgery.study.verify import verified
 
-_GLOB_CHARACTERS = set("*?[]")
-
-
-@dataclass
-class Inputs:
-    """A study's inputs: positional tensors or keyword tensors, all with examples along dim 0."""
-
-    args: tuple[torch.Tensor, ...]
-    kwargs: dict[str, torch.Tensor]
-
-    @classmethod
-    def of(cls, given: Any, where: str) -> Inputs:
-        """A tensor (token ids or any input) or a dict of keyword tensors."""
-        if isinstance(given, torch.Tensor):
-            return cls((given,), {})
-        if isinstance(given, Mapping) and given and all(isinstance(v, torch.Tensor) for v in given.values()):
-            return cls((), {str(k): v for k, v in given.items()})
-        raise ConfigError(f"{where}: a tensor (e.g. token ids [examples, positions]) or a dict of tensors")
-
-    @property
-    def examples(self) -> int:
-        """How many examples (the size of dim 0)."""
-        first = (*self.args, *self.kwargs.values())[0]
-        return int(first.shape[0]) if first.dim() else 1
-
-    def rows(self, start: int, stop: int) -> Inputs:
-        """Examples ``start:stop``; a one-example input serves every row range."""
-        if self.examples == 1:
-            return self
-        return Inputs(tuple(t[start:stop] for t in self.args), {k: v[start:stop] for k, v in self.kwargs.items()})
-
-    def repeated(self, n: int) -> Inputs:
-        """A one-example input as ``n`` copies of it."""
-        return Inputs(tuple(t.expand(n, *t.shape[1:]) for t in self.args),
-                      {k: v.expand(n, *v.shape[1:]) for k, v in self.kwargs.items()})  # fmt: skip
-
-    def interleaved(self, k: int) -> Inputs:
-        """Each example repeated ``k`` times in a row: cell ``j`` of a shared forward owns rows ``j::k``."""
-        return Inputs(interleave(self.args, k), dict(zip(self.kwargs, interleave(tuple(self.kwargs.values()), k),
-                                                         strict=True)))  # fmt: skip
-
-    def run(self, model: nn.Module) -> Any:
-        """The model's output on these inputs."""
-        return model(*self.args, **self.kwargs)
-
-    def token_ids(self) -> torch.Tensor | None:
-        """The token ids, when these inputs are token ids (an integer tensor ``[examples, positions]``)."""
-        ids = self.kwargs.get("input_ids", self.args[0] if self.args else None)
-        if ids is None or ids.dim() != 2 or ids.is_floating_point():
-            return None
-        return ids
-
-    def text_labels(self) -> torch.Tensor | None:
-        """Token ids with -100 at padding (``attention_mask`` 0): what text metrics score against."""
-        ids = self.token_ids()
-        if ids is None:
-            return None
-        mask = self.kwargs.get("attention_mask")
-        return ids if mask is None else ids.masked_fill(mask == 0, IGNORE)
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    """The logits of a model output: the tensor itself, ``.logits``, or the first tensor of a tuple."""
-    if isinstance(output, torch.Tensor):
-        return output
-    found = getattr(output, "logits", None)
-    if found is None and isinstance(output, Mapping):
-        found = output.get("logits")
-    if found is None and isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        found = output[0]
-    if not isinstance(found, torch.Tensor):
-        raise ConfigError(f"study: the model's output ({type(output).__name__}) holds no logits tensor to score")
-    return found
-
-
-METHODS = ("patch",)
+METHODS = ("patch", "attribution", "integrated_gradients")
+MAX_STEPS = 1000
 
 
 def check_method(method: str, steps: int | None, verify_top: int | None) -> None:
-    """Only exact patching is built so far; the attribution methods of SPEC §14 are refused, not approximated."""
-    if method != "patch":
-        raise ConfigError(f"study.method: {method!r} is not available yet (attribution is issue 27); use method: patch")
-    if steps is not None or verify_top is not None:
-        key = "steps" if steps is not None else "verify_top"
-        raise ConfigError(f"study.{key}: only for method: attribution or integrated_gradients; drop it for patch")
+    """``method`` is one of METHODS; ``steps`` goes with integrated_gradients, ``verify_top`` with an estimate."""
+    if method not in METHODS:
+        raise ConfigError(f"study.method: {method!r} is not one of {', '.join(METHODS)}")
+    if method == "integrated_gradients":
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+            raise ConfigError(
+                f"study.steps: integrated_gradients needs a number of points from 1 to {MAX_STEPS}; got {steps!r}"
+            )
+    elif steps is not None:
+        raise ConfigError("study.steps: only for method: integrated_gradients; drop it")
+    if verify_top is not None:
+        if method == "patch":
+            raise ConfigError("study.verify_top: checks an attribution's estimates; patch is exact already, drop it")
+        if isinstance(verify_top, bool) or not isinstance(verify_top, int) or verify_top < 1:
+            raise ConfigError(f"study.verify_top: a number of cells (1 or more); got {verify_top!r}")
 
 
-def _cell_text(cell: Mapping[str, Any]) -> str:
+def cell_text(cell: Mapping[str, Any]) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in cell.items()) + "}"
 
 
@@ -140,7 +75,7 @@ def plan_cells(
         try:
             plans.append(compile_plan(model, node, seed=seed, strict=strict, safe=safe))
         except SurgeryError as e:
-            raise type(e)(f"study cell {_cell_text(cell)}: {e}") from None
+            raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
         filled.append(node)
     return filled, plans
 
@@ -154,59 +89,8 @@ def probe_cells(model: nn.Module, plans: list[Plan], grid_cells: list[dict[str, 
             try:
                 check_before_apply(model, plan.steps, inputs.args, 1, inputs.kwargs)
             except SurgeryError as e:
-                raise type(e)(f"study cell {_cell_text(cell)}: {e}") from None
+                raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
         raise
-
-
-def _changes_source(plan: Plan) -> bool:
-    """Whether a step of ``plan`` could change the source pass's forward (then it cannot be shared)."""
-    for step in plan.steps:
-        if not step.enabled or step.traits.observes or getattr(step.config, "passes", "both") == "main":
-            continue
-        source = getattr(step.config, "from_", None)
-        if isinstance(source, Mapping) and "capture" in source:
-            continue  # a patch reading a capture changes nothing in a source pass
-        return True
-    return False
-
-
-def shared_captures(
-    filled: list[dict[str, Any]], plans: list[Plan]
-) -> tuple[dict[str, Any], list[dict[str, str]]] | None:
-    """One actions dict capturing, for every cell, what its captures record; and each cell's name → union name.
-
-    None when the source pass cannot be shared (a step changes it, or a module name is not a plain glob).
-    """
-    if any(_changes_source(p) for p in plans):
-        return None
-    union: dict[str, Any] = {}
-    groups: dict[tuple[str, str], str] = {}
-    names: list[dict[str, str]] = []
-    for actions, plan in zip(filled, plans, strict=True):
-        mapping = {}
-        for step in plan.steps:
-            if not step.enabled or step.kind != "capture":
-                continue
-            modules = [t.name for t in step.targets]
-            if any(set(m) & _GLOB_CHARACTERS for m in modules):
-                return None
-            node = {k: v for k, v in actions[step.name].items() if k not in ("select", "type", "exclude")}
-            key = (step.name, json.dumps(node, sort_keys=True, default=str))
-            if key not in groups:
-                groups[key] = step.name if step.name not in union else f"{step.name}~{len(groups)}"
-                union[groups[key]] = {**node, "select": [], "allow_empty": False}
-            chosen = union[groups[key]]["select"]
-            chosen.extend(m for m in modules if m not in chosen)
-            mapping[step.name] = groups[key]
-        names.append(mapping)
-    return union, names
-
-
-def _inject(surgery: Surgery, source: Surgery, mapping: dict[str, str]) -> None:
-    """Give each capture record of ``surgery`` the calls the shared source pass froze for its module."""
-    for name, union_name in mapping.items():
-        for module, record in surgery.captures.get(name, {}).items():
-            record.sources = list(source.captures[union_name][module].sources or [])
 
 
 def run_study(
@@ -229,8 +113,12 @@ def run_study(
     safe: bool = False,
     progress: Progress | None = None,
     ranks: tuple[int, int] | None = None,
+    method: str = "patch",
+    steps: int | None = None,
+    verify_top: int | None = None,
 ) -> StudyResult:
     """Every cell of ``grid`` applied to ``model`` and scored per example by ``metrics`` (see :func:`surgery.study`)."""
+    check_method(method, steps, verify_top)
     data = Inputs.of(inputs, "inputs")
     src = Inputs.of(source, "source") if source is not None else None
     if src is not None and src.examples not in (1, data.examples):
@@ -246,57 +134,30 @@ def run_study(
         labels = data.text_labels()
     grid_cells = cells(parsed)
     n = data.examples
-    step = batch_size or n
     if src is not None and src.examples != n:
         src = src.repeated(n)  # one source example serves every row: the same rows as the inputs
-    k = _cells_per_forward(spec, grid_cells, batch_cells, step, src is not None)
+    exact = method == "patch"
+    k = _cells_per_forward(spec, grid_cells, batch_cells, batch_size or n, src is not None) if exact else 1
     filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k)
     first = data.rows(0, 1)
     probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
-    sharing = shared_captures(filled, plans) if src is not None else None
+    run = Run(model, plans, bound, data, src, labels, batch_size or n, k,
+              shared_captures(filled, plans) if src is not None else None)  # fmt: skip
+    if not exact:
+        edits = [edits_of(p, f"study cell {cell_text(c)}") for p, c in zip(plans, grid_cells, strict=True)]
+        run.attribution = Attribution(sites_of(plans), edits, steps if method == "integrated_gradients" else None)
     progress = progress or Progress.fresh([m.name for m in bound], len(plans), n)
-    values = progress.values
-    base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
-    src_base = {m.name: torch.full((n,), torch.nan, dtype=torch.float64) for m in bound}
-    groups = [list(range(g, min(g + k, len(plans)))) for g in range(0, len(plans), k)]
     rank, world = ranks or (0, 1)
-    for number, group in enumerate(groups):
+    for number, group in enumerate(run.groups):
         if number % world != rank:  # another rank's cells: scored there, gathered below
             progress.done[group] = True
-    for start in range(0, n, step):
-        rows = slice(start, min(start + step, n))
-        batch, y = data.rows(rows.start, rows.stop), None if labels is None else labels[rows]
-        clean = src.rows(rows.start, rows.stop) if src is not None else None
-        with torch.no_grad():
-            reference = logits_of(batch.run(model))
-            _score(bound, base, rows, reference, y, reference)
-            if clean is not None:
-                _score(bound, src_base, rows, logits_of(clean.run(model)), y, reference)
-            replicated = batch if k == 1 else batch.interleaved(k)
-            shared = None
-            if sharing is not None and clean is not None:
-                shared = _shared_source(model, sharing, clean if k == 1 else clean.interleaved(k))
-            try:
-                for group in groups:
-                    if not progress.pending(group, rows):  # scored before an interruption (resume)
-                        continue
-                    logits = _run_group(model, [plans[i] for i in group], replicated, shared,
-                                        [sharing[1][i] for i in group] if sharing else None, clean)  # fmt: skip
-                    for j, i in enumerate(group):
-                        for metric in bound:
-                            values[metric.name][i, rows] = metric(logits[j::k], y, reference)
-                    progress.finished(group, rows)
-            except BaseException:  # Ctrl-C or a failure: keep what finished for a rerun to resume from
-                if progress.done.any():
-                    progress.save()
-                raise
-            finally:
-                if shared is not None:
-                    shared.remove()
-    if world > 1:
-        values = _gathered(values, groups, rank, world)
-    return _result(parsed, grid_cells, bound, values, base, src_base if src is not None else None, normalize, ci,
-                   n_boot, seed, tokenizer, ids)  # fmt: skip
+    run.score(progress)
+    values = _gathered(progress.values, run.groups, rank, world) if world > 1 else progress.values
+    result = _result(parsed, grid_cells, bound, values, run.base, run.src_base if src is not None else None,
+                     normalize, ci, n_boot, seed, tokenizer, ids)  # fmt: skip
+    if verify_top is not None:
+        result.verify = verified(run, result, verify_top, grid_cells)
+    return result
 
 
 def _gathered(
@@ -322,50 +183,6 @@ def _cells_per_forward(
     """How many cells share one forward (``batch_cells``): more than one only where every cell acts per row."""
     why = next((w for cell in grid_cells if (w := why_not_rowwise(fill(spec, cell), sourced)) is not None), None)
     return cells_per_forward(wanted, len(grid_cells), rows, why)
-
-
-def _run_group(
-    model: nn.Module, plans: list[Plan], batch: Inputs, shared: Surgery | None, names: list[dict[str, str]] | None,
-    source: Inputs | None,
-) -> torch.Tensor:  # fmt: skip
-    """One forward with every plan of the group applied (each cut to its own rows when there are several)."""
-    applied: list[Surgery] = []
-    try:
-        for j, plan in enumerate(plans):
-            surgery = apply_plan(model, plan)
-            applied.append(surgery)
-            if shared is not None and names is not None:
-                _inject(surgery, shared, names[j])
-            elif source is not None:  # the source pass depends on the cell: this cell runs its own
-                with surgery.source_pass():
-                    source.run(model)
-        return logits_of(batch.run(model))
-    finally:
-        for surgery in reversed(applied):
-            surgery.remove()
-
-
-def _shared_source(model: nn.Module, sharing: tuple[dict[str, Any], Any], source: Inputs) -> Surgery | None:
-    """The one source pass every cell reads: a surgery holding every cell's captures, run on ``source``."""
-    union = sharing[0]
-    if not union:
-        return None
-    surgery = apply_plan(model, union)
-    try:
-        with surgery.source_pass():
-            source.run(model)
-    except BaseException:
-        surgery.remove()
-        raise
-    return surgery
-
-
-def _score(
-    bound: list[PerExample], into: dict[str, torch.Tensor], rows: slice, logits: torch.Tensor,
-    labels: torch.Tensor | None, reference: torch.Tensor,
-) -> None:  # fmt: skip
-    for metric in bound:
-        into[metric.name][rows] = metric(logits, labels, reference)
 
 
 def _result(

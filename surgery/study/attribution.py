@@ -1,0 +1,236 @@
+"""Attribution patching: every cell of a patching study estimated from one forward and backward.
+
+For a cell whose change is an op on a site (a module's input or output item, cut by ``index``),
+the estimate of ``metric(cell) - metric(unmodified)`` per example is ``Σ delta · ∂metric/∂site``
+over the indexed part (every dim but the examples'), where ``delta`` is what the op changes:
+``set``/``patch`` the source's part minus the main run's part, ``add`` its value (or source),
+``mul`` ``(value - 1) · part``, ``zero`` ``-part``. The gradient is taken at the main (unmodified)
+run (``attribution``, AtP), or averaged over ``steps`` points on the way from the main to the
+source activation at that site (``integrated_gradients``; midpoints ``(k + ½) / steps``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.actions.base import input_at, input_position
+from surgery.actions.sources import onto
+from surgery.core.compiler import Plan
+from surgery.core.structure import get_item, replace_item
+from surgery.errors import ConfigError
+from surgery.expr.parsing import compile_index
+
+EDITS = ("set", "patch", "add", "mul", "zero")
+Key = tuple[int, str, Any]  # (id(module), "input" | "output", item)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One cell's change at one site: the op, its value, where its source is recorded, and the index."""
+
+    site: Key
+    source: Key | None  # where a from: {capture} source is recorded (the same module)
+    op: str
+    value: float | None
+    index: tuple[Any, ...] | None
+
+
+@dataclass
+class Site:
+    """A module's input or output item, as the hooks read and replace it."""
+
+    module: nn.Module
+    what: str
+    item: Any
+    position: int | None
+
+
+def edits_of(plan: Plan, cell: str) -> list[Edit]:
+    """The changes one cell makes, each a site an attribution can read; anything else is refused."""
+    edits = []
+    for step in plan.steps:
+        if not step.enabled or step.traits.observes:
+            continue
+        cfg, where = step.config, f"{cell}: actions.{step.name}"
+        if step.kind not in ("modify_input", "modify_output") or cfg.op not in EDITS or cfg.function is not None:
+            what = f"{step.kind} op {getattr(cfg, 'op', '')}"
+            raise ConfigError(
+                f"study.method: attribution estimates {', '.join(EDITS)} ops of modify_input/modify_output;"
+                f" {where} is {what}; use method: patch"
+            )
+        source = cfg.from_
+        if source is not None and not (isinstance(source, dict) and "capture" in source):
+            raise ConfigError(f"study.method: {where}.from: attribution reads sources from a capture only")
+        if cfg.calls is not None:
+            raise ConfigError(f"study.method: {where}.calls: attribution reads every call as one; drop calls")
+        index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
+        if index and index[0] != slice(None):
+            raise ConfigError(f"study.method: {where}.index: its first subscript must keep every example (':')")
+        what = "input" if step.kind == "modify_input" else "output"
+        for target in step.targets:
+            site = (id(target.module), what, cfg.item)
+            src = (id(target.module), str(source.get("what", "output")), cfg.item) if source else None
+            edits.append(Edit(site, src, cfg.op, cfg.value, index))
+    if not edits:
+        raise ConfigError(f"study.method: {cell} changes nothing an attribution can estimate")
+    return edits
+
+
+def sites_of(plans: list[Plan]) -> dict[Key, Site]:
+    """Every module input/output an edit of any cell acts on or reads its source from."""
+    modules = {id(t.module): t for p in plans for s in p.steps if s.enabled for t in s.targets}
+    found: dict[Key, Site] = {}
+    for plan in plans:
+        for step in plan.steps:
+            if not step.enabled or step.kind not in ("modify_input", "modify_output"):
+                continue
+            keys = [(id(t.module), "input" if step.kind == "modify_input" else "output", step.config.item)
+                    for t in step.targets]  # fmt: skip
+            source = step.config.from_
+            if isinstance(source, dict) and "capture" in source:
+                keys += [(k[0], str(source.get("what", "output")), k[2]) for k in keys]
+            for key in keys:
+                target = modules[key[0]]
+                named = isinstance(key[2], str) and key[1] == "input"
+                position = input_position(target, key[2], "study") if named else None
+                found.setdefault(key, Site(target.module, key[1], key[2], position))
+    return found
+
+
+Replace = Callable[[Key, torch.Tensor], torch.Tensor]
+
+
+def record(sites: dict[Key, Site], into: dict[Key, torch.Tensor], replace: Replace | None = None) -> list[Any]:
+    """Hooks that keep each site's tensor in ``into`` (after ``replace`` gave its new value); returns the handles."""
+    handles = []
+    for key, site in sites.items():
+        if site.what == "output":
+
+            def after(m: nn.Module, args: Any, output: Any, key: Key = key, site: Site = site) -> Any:
+                value = get_item(output, site.item)
+                new = replace(key, value) if replace is not None else value
+                into[key] = new
+                return None if new is value else replace_item(output, site.item, new)
+
+            handles.append(site.module.register_forward_hook(after))
+        else:
+
+            def before(m: nn.Module, args: Any, kwargs: Any, key: Key = key, site: Site = site) -> Any:
+                holder, at = input_at(args, kwargs, site.item, site.position)
+                value = holder[at]
+                new = replace(key, value) if replace is not None else value
+                into[key] = new
+                if new is value:
+                    return None
+                if holder is kwargs:
+                    return args, {**kwargs, at: new}
+                return (*args[:at], new, *args[at + 1 :]), kwargs
+
+            handles.append(site.module.register_forward_pre_hook(before, with_kwargs=True))
+    return handles
+
+
+def estimate(edit: Edit, main: dict[Key, torch.Tensor], grad: dict[Key, torch.Tensor],
+             source: dict[Key, torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """``Σ delta · gradient`` over the edit's part, per example (float64)."""
+    t, g = main[edit.site].detach(), grad[edit.site]
+    part = t if edit.index is None else t[edit.index]
+    g_part = g if edit.index is None else g[edit.index]
+    if edit.op in ("set", "patch"):
+        if edit.source is None:
+            delta = torch.as_tensor(edit.value, dtype=part.dtype) - part
+        else:
+            delta = onto(source[edit.source].to(part.dtype), t, part, edit.index, "from") - part
+    elif edit.op == "add":
+        delta = (onto(source[edit.source].to(part.dtype), t, part, edit.index, "from") if edit.source is not None
+                 else torch.full_like(part, float(edit.value or 0.0)))  # fmt: skip
+    elif edit.op == "mul":
+        delta = (float(edit.value if edit.value is not None else 1.0) - 1.0) * part
+    else:  # zero
+        delta = -part
+    product = (delta.double() * g_part.double()).expand(part.shape)
+    return product.reshape(part.shape[0], -1).sum(dim=1) if product.dim() > 1 else product
+
+
+def attribute_batch(
+    model: nn.Module, sites: dict[Key, Site], edits: list[list[Edit]], run: Callable[[], Any],
+    run_source: Callable[[], Any] | None, score: Callable[[Any], torch.Tensor], steps: int | None,
+) -> torch.Tensor:  # fmt: skip
+    """Each cell's estimate of ``metric(cell) - metric(unmodified)`` per example: ``[cells, examples]``.
+
+    ``run`` and ``run_source`` run the model on the batch and on its source; ``score`` maps the
+    model's output to the metric per example (differentiably).
+    """
+    source: dict[Key, torch.Tensor] = {}
+    if run_source is not None:
+        handles = record(sites, source)
+        try:
+            with torch.no_grad():
+                run_source()
+        finally:
+            for handle in handles:
+                handle.remove()
+    main, grad = _gradients(model, sites, run, score)
+    if steps is not None:  # integrated gradients: each edited site's gradient along the way to the source
+        if run_source is None:
+            raise ConfigError("study.method: integrated_gradients interpolates towards the source run; give a source")
+        for key in {e.site for cell in edits for e in cell}:
+            grad[key] = _integrated(model, sites, key, run, score, main[key].detach(), source[key], steps)
+    return torch.stack([sum((estimate(e, main, grad, source) for e in cell), torch.zeros(())) for cell in edits])
+
+
+def _gradients(
+    model: nn.Module, sites: dict[Key, Site], run: Callable[[], Any], score: Callable[[Any], torch.Tensor],
+) -> tuple[dict[Key, torch.Tensor], dict[Key, torch.Tensor]]:  # fmt: skip
+    """One forward and backward of the unmodified model: each site's tensor and the metric's gradient there."""
+    main: dict[Key, torch.Tensor] = {}
+
+    def keep(key: Key, value: torch.Tensor) -> torch.Tensor:
+        if value.requires_grad:
+            value.retain_grad()
+            return value
+        return value.detach().requires_grad_(value.is_floating_point())
+
+    handles = record(sites, main, keep)
+    try:
+        with torch.enable_grad():
+            score(run()).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    model.zero_grad(set_to_none=True)
+    grad = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in main.items()}
+    return main, grad
+
+
+def _at_point(point: torch.Tensor, key: Key, value: torch.Tensor) -> torch.Tensor:
+    return point
+
+
+def _integrated(
+    model: nn.Module, sites: dict[Key, Site], key: Key, run: Callable[[], Any], score: Callable[[Any], torch.Tensor],
+    main: torch.Tensor, source: torch.Tensor, steps: int,
+) -> torch.Tensor:  # fmt: skip
+    """The metric's gradient at ``key`` averaged over ``steps`` midpoints from the main to the source activation."""
+    total = torch.zeros_like(main, dtype=torch.float64)
+    for k in range(steps):
+        alpha = (k + 0.5) / steps
+        point = (main + alpha * (source.to(main.dtype).expand(main.shape) - main)).requires_grad_(True)
+        held: dict[Key, torch.Tensor] = {}
+        handles = record({key: sites[key]}, held, partial(_at_point, point))
+        try:
+            with torch.enable_grad():
+                score(run()).sum().backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+        model.zero_grad(set_to_none=True)
+        if point.grad is not None:
+            total += point.grad.double()
+    return (total / steps).to(main.dtype)

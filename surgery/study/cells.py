@@ -1,0 +1,152 @@
+"""Scoring a study's cells batch by batch: the baselines once per batch, then every cell (or its estimate).
+
+Per input batch: the unmodified run (and the source run) once, scored per example; the shared
+source pass once; then each group of cells that shares a forward, each cell's plan applied
+(compiled once, cut to its rows when several share), the output scored per example. With an
+attribution method the cells are estimated instead, from one forward and backward per metric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.core.compiler import Plan
+from surgery.core.engine import Surgery, apply_plan
+from surgery.study.attribution import Edit, Key, Site, attribute_batch
+from surgery.study.inputs import Inputs, logits_of
+from surgery.study.metrics import PerExample
+from surgery.study.resume import Progress
+from surgery.study.sources import inject, shared_source_pass
+
+
+@dataclass
+class Attribution:
+    """What an attribution method needs: the sites, each cell's edits, and the steps of integrated gradients."""
+
+    sites: dict[Key, Site]
+    edits: list[list[Edit]]
+    steps: int | None
+
+
+@dataclass
+class Run:
+    """One study's cells over its inputs; ``score`` fills a Progress and the baselines."""
+
+    model: nn.Module
+    plans: list[Plan]
+    bound: list[PerExample]
+    data: Inputs
+    source: Inputs | None
+    labels: torch.Tensor | None
+    batch_size: int
+    k: int  # cells per forward
+    sharing: tuple[dict[str, Any], list[dict[str, str]]] | None
+    attribution: Attribution | None = None
+    base: dict[str, torch.Tensor] = field(default_factory=dict)
+    src_base: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def groups(self) -> list[list[int]]:
+        """The cells of each forward, in order."""
+        n = len(self.plans)
+        return [list(range(g, min(g + self.k, n))) for g in range(0, n, self.k)]
+
+    def score(self, progress: Progress) -> None:
+        """Score every pending cell on every batch; on Ctrl-C or a failure, save what finished first."""
+        n = self.data.examples
+        for name in (m.name for m in self.bound):
+            self.base.setdefault(name, torch.full((n,), torch.nan, dtype=torch.float64))
+            self.src_base.setdefault(name, torch.full((n,), torch.nan, dtype=torch.float64))
+        try:
+            for start in range(0, n, self.batch_size):
+                self._batch(progress, slice(start, min(start + self.batch_size, n)))
+        except BaseException:
+            if progress.done.any():
+                progress.save()
+            raise
+
+    def _batch(self, progress: Progress, rows: slice) -> None:
+        batch, y = self.data.rows(rows.start, rows.stop), None if self.labels is None else self.labels[rows]
+        clean = self.source.rows(rows.start, rows.stop) if self.source is not None else None
+        with torch.no_grad():
+            reference = logits_of(batch.run(self.model))
+            _score(self.bound, self.base, rows, reference, y, reference)
+            if clean is not None:
+                _score(self.bound, self.src_base, rows, logits_of(clean.run(self.model)), y, reference)
+        pending = [g for g in self.groups if progress.pending(g, rows)]  # resume: only what is left
+        if not pending:
+            return
+        if self.attribution is not None:
+            self._estimate(progress, rows, batch, clean, y, reference, pending)
+            return
+        k = self.k
+        with torch.no_grad():
+            replicated = batch if k == 1 else batch.interleaved(k)
+            shared = None
+            if self.sharing is not None and clean is not None:
+                shared = shared_source_pass(self.model, self.sharing, clean if k == 1 else clean.interleaved(k))
+            try:
+                for group in pending:
+                    names = [self.sharing[1][i] for i in group] if self.sharing else None
+                    logits = _run_group(self.model, [self.plans[i] for i in group], replicated, shared, names, clean)
+                    for j, i in enumerate(group):
+                        for metric in self.bound:
+                            progress.values[metric.name][i, rows] = metric(logits[j::k], y, reference)
+                    progress.finished(group, rows)
+            finally:
+                if shared is not None:
+                    shared.remove()
+
+    def _estimate(
+        self, progress: Progress, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None,
+        reference: torch.Tensor, pending: list[list[int]],
+    ) -> None:  # fmt: skip
+        """Every cell's estimate on this batch: the unmodified value plus its attribution, per metric."""
+        assert self.attribution is not None
+        run_source = partial(clean.run, self.model) if clean is not None else None
+        for metric in self.bound:
+            estimates = attribute_batch(
+                self.model, self.attribution.sites, self.attribution.edits, partial(batch.run, self.model), run_source,
+                partial(_metric_of, metric, y, reference), self.attribution.steps,
+            )  # fmt: skip
+            progress.values[metric.name][:, rows] = self.base[metric.name][rows] + estimates.detach()
+        for group in pending:
+            progress.finished(group, rows)
+
+
+def _metric_of(metric: PerExample, labels: torch.Tensor | None, reference: torch.Tensor, output: Any) -> torch.Tensor:
+    return metric(logits_of(output), labels, reference)
+
+
+def _run_group(
+    model: nn.Module, plans: list[Plan], batch: Inputs, shared: Surgery | None, names: list[dict[str, str]] | None,
+    source: Inputs | None,
+) -> torch.Tensor:  # fmt: skip
+    """One forward with every plan of the group applied (each cut to its own rows when there are several)."""
+    applied: list[Surgery] = []
+    try:
+        for j, plan in enumerate(plans):
+            surgery = apply_plan(model, plan)
+            applied.append(surgery)
+            if shared is not None and names is not None:
+                inject(surgery, shared, names[j])
+            elif source is not None:  # the source pass depends on the cell: this cell runs its own
+                with surgery.source_pass():
+                    source.run(model)
+        return logits_of(batch.run(model))
+    finally:
+        for surgery in reversed(applied):
+            surgery.remove()
+
+
+def _score(
+    bound: list[PerExample], into: dict[str, torch.Tensor], rows: slice, logits: torch.Tensor,
+    labels: torch.Tensor | None, reference: torch.Tensor,
+) -> None:  # fmt: skip
+    for metric in bound:
+        into[metric.name][rows] = metric(logits, labels, reference)
