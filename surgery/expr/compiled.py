@@ -156,7 +156,7 @@ class Expr:
             arguments = ast.Tuple([ast.Name(name, ast.Load()) for name in params], ast.Load())
             zero = ast.Constant(0)
             work = ast.List([arguments, zero, zero, zero, ast.Constant(None), ast.Constant(counting)], ast.Load())
-            statements.append(ast.Assign([ast.Name("_env", ast.Store())], work))  # work.new_work, inlined
+            statements.append(ast.Assign([ast.Name("_env", ast.Store())], work))  # a surgery.expr.work.Work
         value = helper_call("_owned", [body], body) if self._owns else body
         statements.append(ast.Return(value))
         failed = ast.Call(ast.Name("_failed", ast.Load()), [ast.Name("_error", ast.Load()), ast.Constant(self.where),

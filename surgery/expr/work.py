@@ -59,21 +59,17 @@ VIEWS = frozenset(
 UNCOUNTED_VALUES = LIVE // GROWTH
 assert MIN_LIVE == UNCOUNTED_VALUES * MIN_ELEMENTS and MAX_LIVE == UNCOUNTED_VALUES * MAX_ELEMENTS
 
-# One evaluation's account, made at the start of each (a list: the cheapest thing to make per hook call):
-# [its arguments, operations so far, elements made so far, tensors split off so far, its bounds once needed,
-#  whether it counts the elements of every value it makes]
+# One evaluation's account, a list made at the start of each by the compiled function (the cheapest thing to
+# make per hook call): [its arguments, operations so far, elements made so far, tensors split off so far, its
+# bounds once needed, whether it counts the elements of every value it makes]
 Work = list
 ENV, SPENT, MADE, PIECES, BOUNDS, COUNTING = range(6)
-
-
-def new_work(env: tuple[Any, ...], counting: bool = True) -> Work:
-    return [env, 0, 0, 0, None, counting]
 
 
 def limits(work: Work) -> tuple[int, int]:
     """(elements of all values, operations) this evaluation may reach, worked out once from its arguments."""
     if work[BOUNDS] is None:
-        n = largest_input(work[ENV])
+        n = int(largest_input(work[ENV]))
         work[BOUNDS] = (min(max(LIVE * n, MIN_LIVE), MAX_LIVE), min(max(WORK * n * math.isqrt(n), MIN_WORK), MAX_WORK))
     return work[BOUNDS]  # type: ignore[no-any-return]
 
