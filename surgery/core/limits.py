@@ -145,7 +145,7 @@ def sized_call(fn: Callable[..., T], key: str) -> Callable[..., T]:
         if active().memory_gb is not None:
             name = getattr(target, "__name__", "the function")
             try:
-                made = fn(*_on_meta(args), **_on_meta(kwargs))
+                made = target(*_on_meta((*fn.args, *args)), **_on_meta({**fn.keywords, **kwargs}))
             except Exception:  # noqa: BLE001 - the real call says what is wrong with its arguments
                 made = None
             check_memory(_nbytes(made), key, f"the output of {name}")
