@@ -161,3 +161,13 @@ def test_an_attribution_study_from_the_cli_verifies_its_top_cells(lm_dir: Path, 
     assert saved["values/logit_diff"].shape == (2, 5, 1)  # the same files and shapes as an exact study
     assert (tmp_path / "plots" / "study_verify.png").is_file()
     assert json.loads((tmp_path / "report.json").read_text())["study"]["verify"]["cells"] == verify["cells"]
+
+
+def test_several_prompts_and_source_prompts_make_one_example_each(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    prompts = [
+        "+model=hf", f"model.path={lm_dir}", "+input=text", "input.prompts=[the dog sat on the,the cat ran in the]",
+        "+source=text", "source.prompts=[the cat sat on the,the dog ran in the]", "+study=patch_layer_pos", METRICS,
+    ]  # fmt: skip
+    report = run_job(composed(*prompts), tmp_path)  # source.prompt stays ??? beside source.prompts: that is fine
+    assert report["study"]["examples"] == 2
+    assert load_file(tmp_path / "study.safetensors")["values/kl"].shape == (2, 5, 2)

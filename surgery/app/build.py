@@ -38,7 +38,7 @@ def settings_of(cfg: DictConfig) -> RunSettings:
                 f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))} Run settings: {', '.join(names)}."
             )
     values = {k: cfg[k] for k in names if k in cfg}
-    if isinstance(values.get("source"), DictConfig):  # +source=text source.prompts=[...]: its prompt stays ???
+    if isinstance(values.get("source"), DictConfig):  # +source=text with prompts set: its prompt stays ???
         source = OmegaConf.to_container(values["source"], resolve=True)
         values["source"] = {k: v for k, v in source.items() if v != "???"}  # type: ignore[union-attr]
     return validate(RunSettings, values, "")
