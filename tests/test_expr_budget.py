@@ -96,6 +96,7 @@ def test_four_values_need_no_count_and_a_fifth_is_counted() -> None:
     [
         ("x.chunk(10**6)", "1,000,000 pieces are more than 65,536, the most tensors an expression may split off"),
         ("x.chunk(65537, dim=0)", "65,537 pieces are more than 65,536"),
+        ("x.chunk(chunks=2**20)", "1,048,576 pieces are more than 65,536"),
         ("x.flatten()[0].expand(2**37)", "137,438,953,472 elements are more than 68,719,476,736"),
     ],
 )

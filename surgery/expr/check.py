@@ -324,7 +324,8 @@ class _Checker(ast.NodeTransformer):
 
     def check_literal_pieces(self, node: ast.Call) -> None:
         """Refuse ``.chunk(N)`` into more literal pieces than one evaluation may split off, now."""
-        chunks = _literal(node.args[0]) if node.args else None
+        given = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "chunks"), None)
+        chunks = None if given is None else _literal(given)
         if chunks is not None and chunks > MAX_PIECES:
             raise self.refuse(
                 node, f"{chunks:,} pieces are more than {MAX_PIECES:,}, the most tensors an expression may split off"
