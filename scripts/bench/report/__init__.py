@@ -3,7 +3,8 @@
 ``python -m scripts.bench`` calls this in the bench venv (``.venv-bench``, with the peer tools);
 ``--quick`` is a smoke run on tiny sizes that writes to ``.venv-bench/results-quick`` and leaves
 BENCHMARKS.md alone unless ``--out`` says otherwise; ``--render`` rewrites BENCHMARKS.md from
-the last full results without running anything.
+the last full results without running anything; ``--only NAME --merge`` runs one benchmark and
+rewrites only its part of BENCHMARKS.md (scripts/bench/report/merge.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from typing import Any
 from scripts.bench.common import ROOT, machine, version_of
 from scripts.bench.report.hooks import overhead_section, peers_section, peers_target
 from scripts.bench.report.markdown import load, table
+from scripts.bench.report.merge import MERGEABLE, merge
 from scripts.bench.report.scale import ddp_section, meta_section
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
-from scripts.bench.report.studies import data_section, lm_section, training_section
+from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
-BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp"]
+BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study"]
 BUDGET_S = 600
 
 
@@ -60,8 +62,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     t_md, t_t, t_m = training_section(load(results, "training"))
     x_md, x_t, x_m = meta_section(load(results, "meta"))
     g_md, g_t, g_m = ddp_section(load(results, "ddp"))
+    y_md, y_t, y_m = study_section(load(results, "study"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t
     lines = [
         "# Benchmarks",
         "",
@@ -92,7 +95,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -114,6 +117,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         + ["## 10. Beyond one machine", ""]
         + x_md
         + g_md
+        + y_md
     )
     return "\n".join(lines).rstrip() + "\n"
 
@@ -171,8 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes; results in .venv-bench/results-quick")
     parser.add_argument("--only", help=f"comma-separated subset of {', '.join(BENCHES)}")
     parser.add_argument("--render", action="store_true", help="only rewrite BENCHMARKS.md from the last results")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: rewrite only their sections, target rows"
+        f" and misses in BENCHMARKS.md, keep the rest ({', '.join(MERGEABLE)}; no bench venv needed)",
+    )
     parser.add_argument("--out", help="where to write the Markdown (default: BENCHMARKS.md, not for --quick)")
     args = parser.parse_args(argv)
+    if args.merge and (not args.only or set(args.only.split(",")) - set(MERGEABLE)):
+        parser.error(f"--merge needs --only with some of {', '.join(MERGEABLE)}")
     results = ROOT / ".venv-bench" / ("results-quick" if args.quick else "results")
     if args.render:
         status = json.loads((results / "status.json").read_text())
@@ -185,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
             status = {**json.loads(old.read_text()), **status}
         old.write_text(json.dumps(status, indent=2))
     out = Path(args.out) if args.out else (None if args.quick else ROOT / "BENCHMARKS.md")
-    text = render(results, status, args.quick)
+    if args.merge:
+        text = (out if out is not None and out.is_file() else ROOT / "BENCHMARKS.md").read_text()
+        for name in args.only.split(","):
+            text = merge(text, load(results, name), name)
+    else:
+        text = render(results, status, args.quick)
     if out is not None:
         out.write_text(text)
         print(f"wrote {out}")
