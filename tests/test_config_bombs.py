@@ -238,6 +238,25 @@ CASES = [
         "4 × [30000, 30000]",
     ),
     ("add-buffer", [SAFE, "+model=mlp", add("add_buffer", "[100000, 100000]")], "actions.p.shape:", "GB"),
+    # replacement modules that hold nothing and grow what they are given: measured on a meta twin before each call
+    (
+        "replace-upsample",
+        [
+            SAFE,
+            "+model=cnn",
+            "+input=random",
+            "input.shape=[1,1,28,28]",
+            replace("Upsample", "select: block1.act", scale_factor=1000),
+        ],
+        "actions.r.with:",
+        "the output of Upsample on this input",
+    ),
+    (
+        "replace-zeropad",
+        [SAFE, "+model=mlp", replace("ZeroPad1d", "select: layers.0.act", padding=1000 * M)],
+        "actions.r.with:",
+        "the output of ZeroPad1d on this input",
+    ),
     # sizes no tensor can have: one line without safe mode too
     ("shape-past-int64", ["+model=mlp", f"input.shape=[{10**20}]"], "input.shape:", "past 2**63-1"),
     ("shape-overflowing", ["+model=mlp", f"input.shape=[{10**10},{10**10},{10**10}]"], "input.shape:", "overflow"),

@@ -274,3 +274,17 @@ def test_a_partial_of_other_code_is_never_run_twice() -> None:
     with enforced(SAFE_DEFAULTS):
         wrapped(torch.ones(1))
     assert calls == [2]
+
+
+def test_a_replacement_is_measured_on_its_meta_twin_before_each_call_and_only_under_a_bound() -> None:
+    from surgery.core.limits import check_forward
+
+    grows = nn.Upsample(scale_factor=4)
+    check_forward(grows, lambda: nn.Upsample(scale_factor=4), "actions.r.with")  # unbounded: no hook at all
+    assert not grows._forward_pre_hooks
+    with enforced(Limits(memory_gb=1e-6)):  # 1 KB
+        check_forward(grows, lambda: nn.Upsample(scale_factor=4), "actions.r.with")
+        assert grows(torch.ones(1, 1, 2, 2)).shape == (1, 1, 8, 8)  # 256 bytes
+        with pytest.raises(ConfigError, match=r"^actions\.r\.with: would need .* \(the output of Upsample on this"):
+            grows(torch.ones(1, 1, 8, 8))  # 4 KB
+    assert grows(torch.ones(1, 1, 8, 8)).shape == (1, 1, 32, 32)  # the bound is the run's, not the module's

@@ -10,7 +10,7 @@ from surgery.actions.base import APPLY_PASS, KINDS, BindContext, Kind, Step
 from surgery.actions.sharded import DDP_ADVICE
 from surgery.core.callables import instantiate_node
 from surgery.core.ledger import Ledger
-from surgery.core.limits import check_built
+from surgery.core.limits import check_built, check_forward
 from surgery.core.schema import ReplaceModuleAction
 from surgery.core.select import ROOT, Target
 from surgery.errors import ConfigError
@@ -58,6 +58,7 @@ class ReplaceModule(Kind):
                 built = type(new).__name__
                 raise ConfigError(f"{ctx.where}.with: {cfg.with_['_target_']!r} built a {built}, not a Module")
             new = _move_like(new, target.module)
+            check_forward(new, lambda: instantiate_node(cfg.with_, f"{ctx.where}.with", ctx.safe), f"{ctx.where}.with")
             parent_name, _, attr = target.real_name.rpartition(".")
             parent = ctx.root.get_submodule(parent_name)
             by_parent.setdefault(id(parent), []).append((target.name, attr, target.module, new))

@@ -182,7 +182,42 @@ class _TooManyModulesError(Exception):
     """Raised from inside a meta build that registered more modules than ``limits.count``."""
 
 
+def check_forward(module: Any, build: Callable[[], Any], key: str) -> None:
+    """Under a memory bound, refuse before each call of ``module`` an output past it, measured on a meta twin.
+
+    A replacement such as ``torch.nn.Upsample(scale_factor=1000)`` holds nothing and makes its input huge: its
+    twin, built again from the same config on meta, runs first on meta copies of the inputs (shapes only). A
+    module whose forward cannot run on meta is not measured. Without a memory bound nothing is added.
+    """
+    limits = active()
+    if limits.memory_gb is None:
+        return
+    twin = _build_on_meta(build, key, limits.count)
+    if twin is None or not hasattr(twin, "register_forward_pre_hook"):
+        return
+    floating = [t for t in module.parameters() if t.is_floating_point()]
+    twin = twin.to(dtype=floating[0].dtype) if floating else twin
+    twin.train(module.training)
+    name = type(module).__name__
+
+    def before(_module: Any, args: Any, kwargs: Any) -> None:
+        if active().memory_gb is None:
+            return
+        try:
+            made = twin(*_on_meta(args), **_on_meta(kwargs))
+        except Exception:  # noqa: BLE001 - the real forward says what is wrong with its input
+            return
+        check_memory(_nbytes(made), key, f"the output of {name} on this input")
+
+    module.register_forward_pre_hook(before, with_kwargs=True)  # on the new module only: the model keeps none
+
+
 def _measure_on_meta(build: Callable[[], Any], key: str, most: int | None) -> tuple[int, int] | None:
+    built = _build_on_meta(build, key, most)
+    return None if built is None else _tensor_bytes(built)
+
+
+def _build_on_meta(build: Callable[[], Any], key: str, most: int | None) -> Any:
     import random
 
     import numpy as np
@@ -211,12 +246,12 @@ def _measure_on_meta(build: Callable[[], Any], key: str, most: int | None) -> tu
                 f"{key}: builds more than {most:,} modules, more than limits.count={most}; if that is meant, raise"
                 f" it: limits.count={10 * (most or 0)}"
             ) from None
-        return None  # reads values or wants a real device: built for real, unmeasured
+        return None  # reads values or wants a real device: measured no further
     finally:
         handle.remove()
         random.setstate(python_state)
         np.random.set_state(numpy_state)
-    return _tensor_bytes(built)
+    return built
 
 
 def _tensor_bytes(built: Any) -> tuple[int, int]:
