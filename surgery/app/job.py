@@ -28,7 +28,12 @@ from surgery.files.write import expect_disk, write_json, write_tensors
 
 
 def forward(
-    model: nn.Module, batch: Batch, settings: RunSettings, target: Any, losses: list[float] | None = None
+    model: nn.Module,
+    batch: Batch,
+    settings: RunSettings,
+    target: Any,
+    losses: list[float] | None = None,
+    loss_metric: Any = None,
 ) -> Any:
     """Run the model on one batch; with ``backward`` also the loss's backward pass (its value kept in ``losses``)."""
     if not settings.backward:
@@ -36,7 +41,10 @@ def forward(
             return model(*batch.args, **batch.kwargs)
     args = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in batch.args)  # token ids stay ints
     output = model(*args, **batch.kwargs)
-    loss = loss_of(first_tensor(output), settings.loss, target)
+    if loss_metric is not None:  # loss: {logit_diff: ...}, a per-example metric averaged over the examples
+        loss = loss_metric(first_tensor(output), batch.labels).mean()
+    else:
+        loss = loss_of(first_tensor(output), settings.loss, target)
     if losses is not None:
         losses.append(float(loss.detach()))
     loss.backward()
@@ -250,7 +258,8 @@ def backward_record(job: Job, original: float | None) -> dict[str, Any]:
 def unmodified_forward(job: Job) -> Any:
     """The model before surgery on batch 0; failing here is the input's fault, not the surgery's."""
     try:
-        return forward(job.model, job.data.first, job.settings, target_of(job, job.data.first), job.losses)
+        return forward(job.model, job.data.first, job.settings, target_of(job, job.data.first), job.losses,
+                       job.loss_metric)  # fmt: skip
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -267,7 +276,7 @@ def target_of(job: Job, batch: Batch) -> Any:
 def surgered_forward(job: Job, batch: Batch) -> Any:
     """The surgered model on one batch; failing outside our hooks means the surgery broke it: bad config."""
     try:
-        return forward(job.model, batch, job.settings, target_of(job, batch), job.losses)
+        return forward(job.model, batch, job.settings, target_of(job, batch), job.losses, job.loss_metric)
     except SurgeryError:
         raise
     except Exception as e:  # noqa: BLE001

@@ -58,6 +58,7 @@ class Job:
     interrupts: Interrupts = field(default_factory=Interrupts)  # run_job's, checked after every batch
     reached: Reached = field(default_factory=Reached)
     losses: list[float] = field(default_factory=list)  # with backward: the surgered model's loss, per batch
+    loss_metric: Any = None  # loss: {logit_diff: ...}: the per-example metric the backward starts from
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
@@ -101,7 +102,13 @@ def prepare(cfg: DictConfig) -> Job | None:
         batches=batches,
     )  # fmt: skip
     timings["plan_s"] = time.perf_counter() - clock
-    return Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
+    job = Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
+    if isinstance(settings.loss, dict):  # its tokens resolved now, with the run's tokenizer: refused before running
+        from surgery.study.metrics import per_example
+
+        name, options = next(iter(settings.loss.items()))
+        job.loss_metric = per_example(str(name), options, data.tokenizer, where="loss")
+    return job
 
 
 def source_batches(

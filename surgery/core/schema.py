@@ -68,6 +68,7 @@ __all__ = [  # the action schemas are re-exported so callers need one import
 
 MODES = ("run", "plan", "modules", "generate")
 LOSSES = ("sum", "mse", "cross_entropy", "kl_div")
+LOSS_METRICS = ("logit_diff", "prob", "logit")  # per-example metrics with a gradient (surgery/study/metrics.py)
 LIMIT_KEYS = ("memory_gb", "disk_gb", "count")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -83,7 +84,7 @@ class RunSettings:
     strict: bool = True  # a selector that matches nothing is an error (an action can opt out: allow_empty)
     safe: bool = False  # name only allowlisted callables (surgery/core/callables.py); Hydra's logging too
     backward: bool = False  # also run a backward pass so backward hooks fire
-    loss: str = "sum"  # loss for the backward pass
+    loss: Any = "sum"  # loss for the backward pass, or a per-example metric {logit_diff: {...}} averaged
     compare: bool = True  # also run the unmodified model and report the difference
     metrics: Any = None  # accuracy, top5, loss, agreement, kl (null: the default for the input; [] none)
     generate: Any = None  # mode=generate: {max_new_tokens: 20, do_sample: false}
@@ -96,7 +97,15 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)
-        one_of("loss", self.loss, LOSSES)
+        if isinstance(self.loss, dict):
+            if len(self.loss) != 1 or next(iter(self.loss)) not in LOSS_METRICS:
+                raise FieldError(
+                    "loss",
+                    f"a per-example metric as loss is one of {', '.join(LOSS_METRICS)} with its options,"
+                    f' e.g. {{logit_diff: {{correct: " Paris", wrong: " Rome"}}}}; got {self.loss!r}',
+                )
+        else:
+            one_of("loss", self.loss, LOSSES)
         if not -(2**63) <= self.seed < 2**63:  # torch.manual_seed takes 64 bits; more is a traceback deep inside it
             text = str(self.seed) if self.seed.bit_length() <= 128 else f"a {self.seed.bit_length()}-bit int"
             raise FieldError("seed", f"{text} is out of range: a seed is an int from -2**63 to 2**63-1")
