@@ -287,6 +287,13 @@ def test_a_sweep_of_more_jobs_than_limits_count_is_refused(
     assert "limits.count=" in str(info.value)
 
 
+def test_limits_count_set_without_safe_mode_bounds_a_sweep_too() -> None:
+    cfg = hydra_composed("limits.count=3")
+    with pytest.raises(ConfigError, match=r"^b: the sweep would run more than 3 jobs"):
+        check_composed(cfg, ["limits.count=3", "b=1,2,3,4"], multirun=True)
+    check_composed(hydra_composed(), ["b=1,2,3,4"], multirun=True)  # unbounded without safe or a limit
+
+
 def test_a_sweep_within_limits_count_is_admitted() -> None:
     cfg = OmegaConf.create({"limits": {"count": None}, "hydra": {"sweeper": {"params": {"a": "range(0,100)"}}}})
     check_sweep_size(cfg, ["b=1,2,3", "hydra.launcher.n_jobs=1"])  # 300 jobs

@@ -71,7 +71,7 @@ def check_composed(config: DictConfig, overrides: list[str], multirun: bool) -> 
     Runs before anything resolves a value or Hydra acts on its node (docs/sharing.md).
     """
     from surgery.app.interpolations import check_interpolations
-    from surgery.app.safe_hydra import check_hydra
+    from surgery.app.safe_hydra import check_hydra, check_sweep_size
     from surgery.app.safe_logging import check_formats
 
     safe = safe_in(config)
@@ -79,6 +79,8 @@ def check_composed(config: DictConfig, overrides: list[str], multirun: bool) -> 
     check_formats(config, safe)
     if safe:
         check_hydra(config, list(overrides), multirun)
+    elif multirun and OmegaConf.select(config, "limits.count", default=None) is not None:
+        check_sweep_size(config, list(overrides))  # a limit set without safe mode holds for sweeps too
 
 
 def _guard_configure(configure: Any) -> Any:
