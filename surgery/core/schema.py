@@ -8,6 +8,7 @@ turns every problem into one ``ConfigError`` that names ``WHERE.KEY``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import types
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from omegaconf import MISSING as MISSING_VALUE
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -173,11 +175,11 @@ def check_keys(schema: type, node: dict, where: str) -> None:
 
 def check_containers(schema: type, node: dict, where: str) -> None:
     """A list or mapping field given something else gets a message in the user's words, not OmegaConf's."""
-    hints = typing.get_type_hints(schema)
+    hints = _field_types(schema)
     for name, value in node.items():
         if value is None:
             continue
-        hint = hints[name]
+        hint = hints[name][0]
         options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
         kinds = {typing.get_origin(t) or t for t in options}
         if list in kinds and not isinstance(value, list):
@@ -204,6 +206,54 @@ def python_objects(schema: type, node: dict, where: str) -> dict[str, Any]:
 
 
 @functools.cache
+def _field_types(schema: type) -> dict[str, tuple[Any, bool]]:
+    """Each field's type hint and whether it is required (no default), read once per schema."""
+    hints = typing.get_type_hints(schema)
+    return {
+        f.name: (hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                 or f.default is MISSING_VALUE)
+        for f in dataclasses.fields(schema)
+    }  # fmt: skip
+
+
+def _plain_fit(schema: type, node: dict[str, Any]) -> bool:
+    """Whether OmegaConf would take ``node`` as it is: every required key given, each value exactly its type.
+
+    Then the dataclass can be built directly, with the same result and ``__post_init__`` checks; any
+    doubt (a conversion, an interpolation, a nested schema) leaves it to OmegaConf and its messages.
+    """
+    types_ = _field_types(schema)
+    if any(required and name not in node for name, (_, required) in types_.items()):
+        return False
+    return all(_fits(types_[name][0], value) for name, value in node.items())
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    if hint is Any:
+        return _json_like(value)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(option, value) for option in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin in (list, dict) or hint in (list, dict):
+        return isinstance(value, origin or hint) and not typing.get_args(hint) and _json_like(value)
+    return hint in (str, int, float, bool) and type(value) is hint and (hint is not str or _json_like(value))
+
+
+def _json_like(value: Any) -> bool:
+    if value is None or type(value) in (int, float, bool):
+        return True
+    if type(value) is str:
+        return "${" not in value and value != MISSING_VALUE
+    if type(value) is list:
+        return all(_json_like(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _json_like(v) for k, v in value.items())
+    return False
+
+
+@functools.cache
 def structured(schema: type) -> DictConfig:
     """The OmegaConf template of a schema, built once (building it is most of the cost of ``validate``)."""
     return OmegaConf.structured(schema)
@@ -221,6 +271,8 @@ def validate(schema: type, node: Any, where: str) -> Any:
     node = {**node, **{name: PLACEHOLDERS[name] for name in objects}}
     check_containers(schema, node, where)
     try:
+        if not objects and _plain_fit(schema, node):  # every value already its field's type: no OmegaConf needed
+            return schema(**copy.deepcopy(node))
         merged = OmegaConf.merge(structured(schema), node)  # merge copies the template: it is never changed
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:

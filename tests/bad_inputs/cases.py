@@ -366,7 +366,7 @@ CASES: list[Case] = [
     # ------------------------------------------------------------ checkpoints
     run("checkpoint_missing", "model.checkpoint", ("'nowhere.pt' does not exist",), *CNN, "+actions=linearize",
         "model.checkpoint=nowhere.pt"),
-    run("checkpoint_truncated", "model.checkpoint", ("cannot read 'ckpt.safetensors'",), *CNN, "+actions=linearize",
+    run("checkpoint_truncated", "model.checkpoint", ("'ckpt.safetensors' declares", "it is truncated"), *CNN, "+actions=linearize",
         "model.checkpoint=ckpt.safetensors", files="truncated_safetensors"),
     run("checkpoint_corrupt", "model.checkpoint", ("cannot read 'ckpt.pt'", "Only tensors are accepted"), *CNN,
         "+actions=linearize", "model.checkpoint=ckpt.pt", files="corrupt_pt"),
@@ -394,7 +394,7 @@ CASES: list[Case] = [
         "+actions=linearize", "+input=file", "input.path=digit.pt", files="wrong_shape_input"),
     run("input_corrupt_npy", "input.path", ("cannot read 'digit.npy' as .npy",), *CNN, "+actions=linearize",
         "+input=file", "input.path=digit.npy", files="corrupt_npy"),
-    run("input_object_npy", "input.path", ("cannot read 'digit.npy' as .npy",), *CNN, "+actions=linearize",
+    run("input_object_npy", "input.path", ("'digit.npy' holds Python objects (a pickle)",), *CNN, "+actions=linearize",
         "+input=file", "input.path=digit.npy", files="object_npy"),
     run("input_suffix", "input.path", ("'digit.txt' is not one of .pt",), *CNN, "+actions=linearize", "+input=file",
         "input.path=digit.txt", files="text_input"),
