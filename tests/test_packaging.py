@@ -30,6 +30,7 @@ def test_wheel_holds_every_config_file(wheel: Path) -> None:
     shipped = {f"surgery/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
     assert shipped and shipped <= names
     assert "surgery/app/cli.py" in names
+    assert {f"surgery/models/weights/induction_lm/{n}" for n in ("model.safetensors", "tokenizer.json")} <= names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "surgery = surgery.app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

@@ -130,6 +130,8 @@ def _text_batches(
     unknown = sorted(set(spec) - set(TEXT_KEYS))
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown key for kind text; keys: {', '.join(TEXT_KEYS)}")
+    if model_path is None:  # a model loaded by a function (+model=induction_lm): the directory it was read from
+        model_path = getattr(model, "name_or_path", None) or None
     tokenizer = load_tokenizer(spec.get("tokenizer"), model_path=model_path, where=f"{where}.tokenizer")
     text = encode_prompts(tokenizer, spec.get("prompt"), spec.get("prompts"), where=where)
     if model is not None:
