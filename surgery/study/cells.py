@@ -17,6 +17,7 @@ from torch import nn
 
 from surgery.core.compiler import Plan
 from surgery.core.engine import Surgery, apply_plan
+from surgery.core.records import Call
 from surgery.study.attribution import Edit, Key, Site, attribute_batch
 from surgery.study.inputs import Inputs, logits_of
 from surgery.study.metrics import PerExample
@@ -73,34 +74,32 @@ class Run:
     def _batch(self, progress: Progress, rows: slice) -> None:
         batch, y = self.data.rows(rows.start, rows.stop), None if self.labels is None else self.labels[rows]
         clean = self.source.rows(rows.start, rows.stop) if self.source is not None else None
+        pending = [g for g in self.groups if progress.pending(g, rows)]  # resume: only what is left
+        k = self.k
         with torch.no_grad():
             reference = logits_of(batch.run(self.model))
             _score(self.bound, self.base, rows, reference, y, reference)
-            if clean is not None:
-                _score(self.bound, self.src_base, rows, logits_of(clean.run(self.model)), y, reference)
-        pending = [g for g in self.groups if progress.pending(g, rows)]  # resume: only what is left
+            shared = None
+            if self.sharing is not None and clean is not None and pending and self.attribution is None:
+                shared = shared_source_pass(self.model, self.sharing, clean, k)
+            if clean is not None:  # the shared pass's output is the clean run's: captures change nothing
+                output = shared[1] if shared is not None else clean.run(self.model)
+                _score(self.bound, self.src_base, rows, logits_of(output), y, reference)
         if not pending:
             return
         if self.attribution is not None:
             self._estimate(progress, rows, batch, clean, y, reference, pending)
             return
-        k = self.k
         with torch.no_grad():
             replicated = batch if k == 1 else batch.interleaved(k)
-            shared = None
-            if self.sharing is not None and clean is not None:
-                shared = shared_source_pass(self.model, self.sharing, clean if k == 1 else clean.interleaved(k))
-            try:
-                for group in pending:
-                    names = [self.sharing[1][i] for i in group] if self.sharing else None
-                    logits = _run_group(self.model, [self.plans[i] for i in group], replicated, shared, names, clean)
-                    for j, i in enumerate(group):
-                        for metric in self.bound:
-                            progress.values[metric.name][i, rows] = metric(logits[j::k], y, reference)
-                    progress.finished(group, rows)
-            finally:
-                if shared is not None:
-                    shared.remove()
+            for group in pending:
+                names = [self.sharing[1][i] for i in group] if self.sharing else None
+                frozen = shared[0] if shared is not None else None
+                logits = _run_group(self.model, [self.plans[i] for i in group], replicated, frozen, names, clean)
+                for j, i in enumerate(group):
+                    for metric in self.bound:
+                        progress.values[metric.name][i, rows] = metric(logits[j::k], y, reference)
+                progress.finished(group, rows)
 
     def _estimate(
         self, progress: Progress, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None,
@@ -124,8 +123,8 @@ def _metric_of(metric: PerExample, labels: torch.Tensor | None, reference: torch
 
 
 def _run_group(
-    model: nn.Module, plans: list[Plan], batch: Inputs, shared: Surgery | None, names: list[dict[str, str]] | None,
-    source: Inputs | None,
+    model: nn.Module, plans: list[Plan], batch: Inputs, frozen: dict[tuple[str, str], list[Call]] | None,
+    names: list[dict[str, str]] | None, source: Inputs | None,
 ) -> torch.Tensor:  # fmt: skip
     """One forward with every plan of the group applied (each cut to its own rows when there are several)."""
     applied: list[Surgery] = []
@@ -133,8 +132,8 @@ def _run_group(
         for j, plan in enumerate(plans):
             surgery = apply_plan(model, plan)
             applied.append(surgery)
-            if shared is not None and names is not None:
-                inject(surgery, shared, names[j])
+            if frozen is not None and names is not None:
+                inject(surgery, frozen, names[j])
             elif source is not None:  # the source pass depends on the cell: this cell runs its own
                 with surgery.source_pass():
                     source.run(model)

@@ -11,10 +11,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from surgery.core.compiler import Plan
 from surgery.core.engine import Surgery, apply_plan
+from surgery.core.records import Call
+from surgery.core.structure import map_tensors
 from surgery.study.inputs import Inputs
 
 _GLOB_CHARACTERS = set("*?[]")
@@ -64,23 +67,40 @@ def shared_captures(
     return union, names
 
 
-def inject(surgery: Surgery, source: Surgery, mapping: dict[str, str]) -> None:
+def inject(surgery: Surgery, frozen: dict[tuple[str, str], list[Call]], mapping: dict[str, str]) -> None:
     """Give each capture record of ``surgery`` the calls the shared source pass froze for its module."""
     for name, union_name in mapping.items():
         for module, record in surgery.captures.get(name, {}).items():
-            record.sources = list(source.captures[union_name][module].sources or [])
+            record.sources = list(frozen[(union_name, module)])
 
 
-def shared_source_pass(model: nn.Module, sharing: tuple[dict[str, Any], Any], source: Inputs) -> Surgery | None:
-    """The one source pass every cell reads: a surgery holding every cell's captures, run on ``source``."""
+def shared_source_pass(
+    model: nn.Module, sharing: tuple[dict[str, Any], Any], source: Inputs, k: int = 1
+) -> tuple[dict[tuple[str, str], list[Call]], Any] | None:
+    """The one source pass every cell reads, run on ``source``: each (capture, module)'s frozen calls, and the output.
+
+    With ``k`` cells sharing a forward, each recorded example is repeated ``k`` times in a row, as the
+    main rows are, instead of running the source pass on ``k`` copies. None when no cell captures.
+    """
     union = sharing[0]
     if not union:
         return None
-    surgery = apply_plan(model, union)
-    try:
+    with apply_plan(model, union) as surgery:
         with surgery.source_pass():
-            source.run(model)
-    except BaseException:
-        surgery.remove()
-        raise
-    return surgery
+            output = source.run(model)
+        frozen = {(name, module): list(record.sources or [])
+                  for name, records in surgery.captures.items() for module, record in records.items()}  # fmt: skip
+    if k > 1:
+        rows = source.examples
+        frozen = {key: [_interleaved(call, k, rows) for call in calls] for key, calls in frozen.items()}
+    return frozen, output
+
+
+def _interleaved(call: Call, k: int, rows: int) -> Call:
+    """``call`` with every tensor that holds the ``rows`` examples along dim 0 repeated ``k`` times in a row."""
+
+    def repeat(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(k, dim=0) if t.dim() and t.shape[0] == rows else t
+
+    return Call(input=map_tensors(call.input, repeat), kwargs=map_tensors(call.kwargs, repeat),
+                output=map_tensors(call.output, repeat))  # fmt: skip
