@@ -155,6 +155,9 @@ def untrusted(cfg: DictConfig) -> DictConfig:
     from surgery.app.interpolations import check_interpolations
 
     check_interpolations(OmegaConf.to_container(cfg, resolve=False), safe=True)
+    from surgery.app.safe_paths import check_config_paths
+
+    check_config_paths(OmegaConf.to_container(cfg, resolve=False), set(), hint="; replay --trust runs it as saved")
     forced = cfg.copy()
     forced.safe = True
     return forced

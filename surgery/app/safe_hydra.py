@@ -161,6 +161,9 @@ def check_hydra(config: DictConfig, overrides: list[str], multirun: bool) -> Non
             check(config, where, typed)
     if multirun:
         check_sweep_size(config, overrides)
+    from surgery.app.safe_paths import check_config_paths
+
+    check_config_paths(OmegaConf.to_container(config, resolve=False), typed)
 
 
 def _keys() -> str:
