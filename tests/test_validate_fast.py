@@ -25,6 +25,9 @@ ODD = [
     {"kind": "modify_output", "op": "???"},  # a required value left missing
     {"kind": "capture", "select": "${other}"},  # interpolation text
     {"kind": "capture", "what": ["output"], "calls": [0, 2]},
+    {"kind": "capture", "what": ["output", 1]},  # an int in a list of strings: OmegaConf converts it
+    {"kind": "capture", "what": ["input", "nope"]},
+    {"kind": "on_load", "rename": {"a.*": "b.*"}},
     {"kind": "init", "param": "weight", "method": "constant", "value": 2.0},
     {"kind": "add_parameter", "name": "b", "shape": [3], "init": {"method": "zeros"}},
     {"kind": "modify_output", "op": "clamp", "min": 0.0, "passes": "main", "enabled": False},

@@ -237,7 +237,14 @@ def _fits(hint: Any, value: Any) -> bool:
     if hint is type(None):
         return value is None
     if origin in (list, dict) or hint in (list, dict):
-        return isinstance(value, origin or hint) and not typing.get_args(hint) and _json_like(value)
+        args = typing.get_args(hint)
+        if type(value) is not (origin or hint) or not _json_like(value):
+            return False
+        if not args:
+            return True
+        if origin is list:
+            return all(_fits(args[0], v) for v in value)
+        return all(_fits(args[0], k) and _fits(args[1], v) for k, v in value.items())
     return hint in (str, int, float, bool) and type(value) is hint and (hint is not str or _json_like(value))
 
 
