@@ -69,7 +69,7 @@ def test_a_bad_study_is_refused_before_any_cell_runs(lm_dir: Path, tmp_path: Pat
 def test_the_cli_runs_a_study_and_exits_0(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     result = cli(*args(lm_dir), "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "study: 10 cells × 1 examples" in result.stdout
+    assert "study: 10 cells × 1 examples" in result.stdout and "logit_diff (unmodified " in result.stdout
     assert (tmp_path / "run" / "study.csv").is_file() and (tmp_path / "run" / "plots" / "study_kl.png").is_file()
 
 

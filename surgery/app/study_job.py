@@ -75,8 +75,22 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", study_markdown(report, result))
     (out_dir / PARTIAL).unlink(missing_ok=True)  # every cell is in study.safetensors now
-    say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; wrote {out_dir}")
+    say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; {headline(result)};"
+        f" wrote {out_dir}")  # fmt: skip
     return report
+
+
+def headline(result: StudyResult, top: int = 3) -> str:
+    """The first metric's cells that moved it most from the unmodified run, e.g. ``layer=0 pos=5 1.00``."""
+    name = result.metrics[0]
+    means = result.mean[name].reshape(-1)
+    unmodified = 0.0 if result.normalized == name else float(result.baselines["unmodified"][name].nanmean())
+    order = torch.argsort((means - unmodified).abs().nan_to_num(-1.0), descending=True)[:top].tolist()
+    cells = ", ".join(
+        " ".join(f"{k}={v}" for k, v in result.cells[i].items()) + f" {float(means[i]):.4g}" for i in order
+    )
+    what = f"{name} (normalized)" if result.normalized == name else f"{name} (unmodified {unmodified:.4g})"
+    return f"{what} moved most at {cells}"
 
 
 def _ranks() -> tuple[int, int] | None:
