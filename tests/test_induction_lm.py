@@ -69,3 +69,23 @@ def test_the_patching_experiment_finds_the_copied_word(tmp_path: Path) -> None:
     others[0, 5] = others[1, 12] = False
     assert mean[others].abs().max() < 0.05
     assert (tmp_path / "plots" / "study_logit_diff.png").is_file()
+
+
+def test_the_head_ablation_study_finds_the_head_the_copy_runs_through(tmp_path) -> None:
+    from surgery.lm.text import encode_prompts
+
+    cfg = composed("+experiment=induction_heads")
+    report = run_job(cfg, tmp_path)
+    means = report["study"]["mean"]["prob"]  # [layer][head]
+    assert means[0][0] < 0.1 and report["study"]["baselines"]["unmodified"]["prob"] > 0.9
+    model = induction_lm()
+    tok = load_tokenizer(model_path=model.name_or_path)
+    batch = encode_prompts(tok, prompts=list(cfg.input.prompts))
+    zero = model.transformer.h[0].attn.c_proj.register_forward_pre_hook(
+        lambda m, a: (a[0].index_fill(-1, torch.arange(0, 16), 0.0),)
+    )
+    with torch.no_grad():
+        z = model(**batch.kwargs()).logits[:, -1].double()
+    zero.remove()
+    w25 = tok(" w25", add_special_tokens=False)["input_ids"][0]
+    assert means[0][0] == pytest.approx(float(torch.softmax(z, -1)[:, w25].mean()), rel=1e-9, abs=1e-12)

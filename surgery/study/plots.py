@@ -87,8 +87,12 @@ def study_figure(result: StudyResult, metric: str) -> Any:
         ax = fig.add_subplot(rows, columns, k + 1)
         panel = means[combo] if combo else means
         limit = float(panel.abs().nan_to_num(0).max()) or 1.0
-        image = ax.imshow(panel.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
-        ax.set_xticks(range(len(result.grid[x_name])), _labels(result, x_name), rotation=90 if result.tokens else 0)
+        if float(panel.nan_to_num(0).min()) >= 0:  # probabilities, ranks, losses: a one-sided scale from 0
+            image = ax.imshow(panel.float().numpy(), cmap="viridis", vmin=0, vmax=limit, aspect="auto")
+        else:  # signed effects: white at 0, red up, blue down
+            image = ax.imshow(panel.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        turned = 90 if result.tokens and x_name in POSITION_NAMES else 0
+        ax.set_xticks(range(len(result.grid[x_name])), _labels(result, x_name), rotation=turned)
         ax.set_yticks(range(len(result.grid[y_name])), [str(v) for v in result.grid[y_name]])
         ax.set_xlabel(x_name)
         ax.set_ylabel(y_name)
