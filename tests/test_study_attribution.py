@@ -110,12 +110,15 @@ def test_verify_top_runs_the_largest_estimates_exactly_and_correlates_them(tiny_
         ({"method": "integrated_gradients"}, "study.steps: integrated_gradients needs a number of points"),
         ({"method": "attribution", "steps": 3}, "study.steps: only for method: integrated_gradients"),
         ({"verify_top": 3}, "study.verify_top: checks an attribution's estimates"),
+        ({"method": "attribution", "metrics": [{"rank": {"token": 3}}]}, "study.metrics: rank has no gradient"),
+        ({"method": "integrated_gradients", "steps": 0}, "study.steps: integrated_gradients needs a number"),
     ],
 )
 def test_method_options_that_do_not_fit_are_refused(tiny_lm, options, message) -> None:
     model, clean, corrupt = tiny_lm
+    metrics = options.pop("metrics", METRICS[:1])
     with pytest.raises(ConfigError, match=f"^{message}"):
-        surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, **options)
+        surgery.study(model, PATCH, GRID, corrupt, metrics, source=clean, **options)
 
 
 def test_an_intervention_attribution_cannot_estimate_is_refused_before_running(tiny_lm) -> None:

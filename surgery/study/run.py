@@ -144,6 +144,10 @@ def run_study(
     run = Run(model, plans, bound, data, src, labels, batch_size or n, k,
               shared_captures(filled, plans) if src is not None else None)  # fmt: skip
     if not exact:
+        flat = [m.name for m in bound if m.name in ("rank", "accuracy")]
+        if flat:
+            raise ConfigError(f"study.metrics: {flat[0]} has no gradient, so {method} cannot estimate it; use"
+                              " logit_diff, prob, logit, loss or kl, or method: patch")  # fmt: skip
         edits = [edits_of(p, f"study cell {cell_text(c)}") for p, c in zip(plans, grid_cells, strict=True)]
         run.attribution = Attribution(sites_of(plans), edits, steps if method == "integrated_gradients" else None)
     progress = progress or Progress.fresh([m.name for m in bound], len(plans), n)
