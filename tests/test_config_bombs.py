@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,27 @@ from surgery.core.limits import SAFE_DEFAULTS, Limits, enforced
 from surgery.errors import ConfigError, SurgeryError
 from tests.test_cli import cli, composed
 
-install()  # the CLI's Hydra hooks, the YAML guard among them, for compose() in this process too
+
+@pytest.fixture(autouse=True, scope="module")
+def cli_hooks() -> Iterator[None]:
+    """The CLI's Hydra hooks (the YAML guard among them) for compose() in this module only; put back after,
+    so other modules compose as Hydra does (an override the hooks refuse would exit instead of raising)."""
+    import hydra._internal.hydra as hydra_main
+    import hydra._internal.utils as hydra_utils
+    import hydra.core.utils as hydra_core
+    import omegaconf._utils as omegaconf_utils
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import basecontainer
+
+    patched = [(ConfigLoaderImpl, "load_configuration"), (ConfigLoaderImpl, "_apply_overrides_to_config"),
+               (hydra_utils, "run_and_report"), (hydra_main, "configure_log"), (hydra_core, "configure_log"),
+               (omegaconf_utils, "get_yaml_loader"), (basecontainer, "get_yaml_loader")]  # fmt: skip
+    before = [(owner, name, vars(owner)[name]) for owner, name in patched]
+    install()
+    yield
+    for owner, name, value in before:
+        setattr(owner, name, value)
+
 
 SECONDS = 30  # generous on a loaded 2-core machine; each case takes well under a few seconds alone
 GROWTH_KB = 1_500_000  # peak memory may not grow by more than ~1.5 GB during a case
