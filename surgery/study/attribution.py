@@ -197,7 +197,15 @@ def _gradients(
             return value
         return value.detach().requires_grad_(value.is_floating_point())
 
-    handles = record(sites, main, keep)
+    _backward(model, record(sites, main, keep), run, score)
+    grad = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in main.items()}
+    return main, grad
+
+
+def _backward(
+    model: nn.Module, handles: list[Any], run: Callable[[], Any], score: Callable[[Any], torch.Tensor]
+) -> None:
+    """One forward with ``handles``' hooks and the backward of the metric's sum; hooks removed, no gradient kept."""
     try:
         with torch.enable_grad():
             score(run()).sum().backward()
@@ -205,8 +213,6 @@ def _gradients(
         for handle in handles:
             handle.remove()
     model.zero_grad(set_to_none=True)
-    grad = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in main.items()}
-    return main, grad
 
 
 def _at_point(point: torch.Tensor, key: Key, value: torch.Tensor) -> torch.Tensor:
@@ -223,14 +229,7 @@ def _integrated(
         alpha = (k + 0.5) / steps
         point = (main + alpha * (source.to(main.dtype).expand(main.shape) - main)).requires_grad_(True)
         held: dict[Key, torch.Tensor] = {}
-        handles = record({key: sites[key]}, held, partial(_at_point, point))
-        try:
-            with torch.enable_grad():
-                score(run()).sum().backward()
-        finally:
-            for handle in handles:
-                handle.remove()
-        model.zero_grad(set_to_none=True)
+        _backward(model, record({key: sites[key]}, held, partial(_at_point, point)), run, score)
         if point.grad is not None:
             total += point.grad.double()
     return (total / steps).to(main.dtype)
