@@ -200,24 +200,23 @@ def _symlinked_class(d: Path) -> Callable[[], Any]:
     return lambda: load(root)
 
 
-def _state_json_escape(d: Path) -> Callable[[], Any]:
+def _state_json_naming(d: Path, absolute: bool) -> Callable[[], Any]:
+    """A datasets directory whose state.json names its Arrow file outside it (by ``../`` or an absolute path)."""
     root = numbers_dataset(d / "ds")
     state = json.loads((root / "state.json").read_text())
     arrow = root / state["_data_files"][0]["filename"]
     arrow.rename(d / "elsewhere.arrow")
-    state["_data_files"][0]["filename"] = "../elsewhere.arrow"
+    state["_data_files"][0]["filename"] = str(d / "elsewhere.arrow") if absolute else "../elsewhere.arrow"
     (root / "state.json").write_text(json.dumps(state))
     return lambda: load(root)
+
+
+def _state_json_escape(d: Path) -> Callable[[], Any]:
+    return _state_json_naming(d, absolute=False)
 
 
 def _state_json_absolute(d: Path) -> Callable[[], Any]:
-    root = numbers_dataset(d / "ds")
-    state = json.loads((root / "state.json").read_text())
-    arrow = root / state["_data_files"][0]["filename"]
-    arrow.rename(d / "elsewhere.arrow")
-    state["_data_files"][0]["filename"] = str(d / "elsewhere.arrow")
-    (root / "state.json").write_text(json.dumps(state))
-    return lambda: load(root)
+    return _state_json_naming(d, absolute=True)
 
 
 def _arrow_symlink(d: Path) -> Callable[[], Any]:
