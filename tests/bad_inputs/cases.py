@@ -366,8 +366,8 @@ CASES: list[Case] = [
     # ------------------------------------------------------------ checkpoints
     run("checkpoint_missing", "model.checkpoint", ("'nowhere.pt' does not exist",), *CNN, "+actions=linearize",
         "model.checkpoint=nowhere.pt"),
-    run("checkpoint_truncated", "model.checkpoint", ("'ckpt.safetensors' declares", "it is truncated"), *CNN, "+actions=linearize",
-        "model.checkpoint=ckpt.safetensors", files="truncated_safetensors"),
+    run("checkpoint_truncated", "model.checkpoint", ("'ckpt.safetensors' declares", "it is truncated"), *CNN,
+        "+actions=linearize", "model.checkpoint=ckpt.safetensors", files="truncated_safetensors"),
     run("checkpoint_corrupt", "model.checkpoint", ("cannot read 'ckpt.pt'", "Only tensors are accepted"), *CNN,
         "+actions=linearize", "model.checkpoint=ckpt.pt", files="corrupt_pt"),
     run("checkpoint_pickled_object", "model.checkpoint",
