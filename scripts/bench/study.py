@@ -17,8 +17,11 @@ Variants, timed interleaved in one process (CPU time, one call = the whole grid)
 * ``apply per cell``: the route before studies: ``surgery.apply`` of each cell's actions (planned
   every cell) and a source pass per cell.
 
-Target: study / hand loop doing the same forwards ≤ 1.10. Memory: peak RSS added by one grid,
-``study, batch_cells auto`` against ``hand, rows replicated``, each in a fresh child process.
+Target: study / hand loop doing the same forwards ≤ 1.10; the speedup of ``batch_cells: auto`` over
+one cell a forward is reported. Memory: peak RSS added by one grid, ``study, batch_cells auto``
+against ``hand, rows replicated``, each in a fresh child process. Then scripts/bench/study_scale.py:
+the CLI study against one plain CLI run (≤ 2) and a multirun, and ``surgery.study`` at 10, 100 and
+1,000 cells (time per cell ≤ 1.2× the 10-cell one; peak RSS).
 """
 
 from __future__ import annotations
@@ -215,7 +218,7 @@ def speed(rounds: int, max_s: float) -> dict[str, Any]:
     timing = interleave(variants, rounds=rounds, reps=1, settled=settled, max_s=max_s)
     ratios = []
     for name, base, target in [(STUDY1, HAND, TARGET), (STUDY, HAND_ROWS, TARGET), (STUDY, HAND, None),
-                               (APPLY, HAND, None)]:  # fmt: skip
+                               (APPLY, HAND, None), (STUDY1, STUDY, None)]:  # fmt: skip
         low, high = timing.spread(name, base)
         ratios.append({"variant": name, "base": base, "ratio": timing.ratio(name, base), "quartiles": [low, high],
                        "target": target, "verdict": verdict(low, high, target) if target else None})  # fmt: skip
@@ -333,7 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     where = [] if args.quick else profile(10)
     for row in where:
         print(f"{row['share']:6.1%} {row['calls']:7.0f}  {row['where']}")
-    write_json(args.json, {"machine": machine(), **result, "memory": mem, "parts": parts, "profile": where})
+    from scripts.bench.study_scale import cli_and_sizes
+
+    on_cli, sizes = cli_and_sizes(args.quick)
+    write_json(args.json, {"machine": machine(), **result, "memory": mem, "parts": parts, "profile": where,
+                           "cli": on_cli, "scale": sizes})  # fmt: skip
     return 0
 
 
