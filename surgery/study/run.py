@@ -76,6 +76,8 @@ def plan_cells(
             plans.append(compile_plan(model, node, seed=seed, strict=strict, safe=safe))
         except SurgeryError as e:
             raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
+        if i and not any(step.replaced for step in plans[-1].steps):
+            plans[-1].index = None  # the model's own module index, rebuilt if ever read: memory stays flat in cells
         filled.append(node)
     return filled, plans
 
