@@ -109,8 +109,7 @@ def _progress(
     from surgery.study.inputs import Inputs
     from surgery.study.metrics import parse_metrics
 
-    ids = Inputs.of(inputs, "input").token_ids()
-    grid = parse_grid(study.grid, positions=int(ids.shape[1]) if ids is not None else None)
+    grid = parse_grid(study.grid, positions=Inputs.of(inputs, "input").positions())
     names = [m.name for m in parse_metrics(study.metrics, data.tokenizer)]
     prints = {**prints, "model": fingerprint(model.state_dict())}
     size = len(cells(grid))
@@ -131,8 +130,7 @@ def _plan_only(
     from surgery.study.run import probe_cells
 
     given = Inputs.of(inputs, "input")
-    ids = given.token_ids()
-    grid = parse_grid(study.grid, positions=int(ids.shape[1]) if ids is not None else None)
+    grid = parse_grid(study.grid, positions=given.positions())
     check_uses(grid, actions)
     grid_cells = cells(grid)
     _, plans = plan_cells(model, actions, grid_cells, settings.seed, settings.strict, settings.safe)

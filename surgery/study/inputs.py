@@ -63,6 +63,11 @@ class Inputs:
             return None
         return ids
 
+    def positions(self) -> int | None:
+        """How many positions token ids have (what a grid's ``all`` means), or None for other inputs."""
+        ids = self.token_ids()
+        return None if ids is None else int(ids.shape[1])
+
     def text_labels(self) -> torch.Tensor | None:
         """Token ids with -100 at padding (``attention_mask`` 0): what text metrics score against."""
         ids = self.token_ids()

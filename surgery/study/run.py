@@ -127,7 +127,7 @@ def run_study(
         raise ConfigError(f"source: {src.examples} examples; give one, or as many as inputs ({data.examples})")
     ids = data.token_ids()
     spec = load_actions(actions)
-    parsed = parse_grid(grid, positions=int(ids.shape[1]) if ids is not None else None)
+    parsed = parse_grid(grid, positions=data.positions())
     check_uses(parsed, spec)
     bound = parse_metrics(metrics, tokenizer)
     if normalize and src is None:
