@@ -14,6 +14,16 @@ from torch import nn
 from surgery.models.functions import Functions
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip, with the reason, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run scripts/gpu_check on a GPU machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 class TinyNet(nn.Module):
     """conv → norm → relu(inplace) → pool → fc: every common layer kind in a few hundred weights."""
 
