@@ -27,7 +27,8 @@ class Pickled:
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run ``python -m surgery ARGS`` in ``cwd`` with this checkout importable."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # packages beside, kept
+    env = {**os.environ, "PYTHONPATH": path, "HYDRA_FULL_ERROR": "0"}
     return subprocess.run(
         [sys.executable, "-m", "surgery", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )

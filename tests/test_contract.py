@@ -298,7 +298,8 @@ def effect_log(model, ref, x, m, s, capsys) -> None:
 
 
 def described(t: torch.Tensor) -> str:
-    """What log prints for a tensor: shape, then mean, std, min and max to 4 significant digits."""
+    """What log prints for a tensor: shape, then mean, std, min and max (in float32) to 4 significant digits."""
+    t = t.float()
     stats = f"mean={t.mean().item():.4g} std={t.std().item():.4g} min={t.min().item():.4g} max={t.max().item():.4g}"
     return f"{tuple(t.shape)} {stats}"
 

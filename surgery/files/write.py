@@ -74,13 +74,32 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor], key: str | None 
 
     size = 8 + sum(t.numel() * t.element_size() + len(k.encode()) + SAFETENSORS_ENTRY_BYTES for k, t in tensors.items())
     charge_disk(size, key or path.name)  # before the copies below: a refused file costs neither memory nor disk
+    flat = host_copies(tensors)
+    write_atomic(path, lambda p: save_file(flat, str(p)), 0, key)
+
+
+def host_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors, none sharing memory; GPU tensors are copied into pinned memory, all queued, one wait.
+
+    The copies from a GPU run asynchronously (``non_blocking``), so the host waits once per device for all
+    of them instead of once per tensor.
+    """
     flat: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
+    devices: set[torch.device] = set()
     for name, value in tensors.items():
-        tensor = value.detach().to("cpu").contiguous()
+        tensor = value.detach()
+        if tensor.device.type == "cuda":
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            flat[name] = host.copy_(tensor, non_blocking=True)
+            devices.add(tensor.device)
+            continue
+        tensor = tensor.to("cpu").contiguous()
         ptr = tensor.untyped_storage().data_ptr()
         if ptr in storages:  # safetensors refuses shared memory (block i's output is block i+1's input)
             tensor = tensor.clone()
         storages.add(tensor.untyped_storage().data_ptr())
         flat[name] = tensor
-    write_atomic(path, lambda p: save_file(flat, str(p)), 0, key)
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+    return flat
