@@ -189,7 +189,8 @@ def effect_add_tensor(model, ref, x, m, s, capsys, name: str, kind: str) -> None
         assert torch.equal(tensor, torch.ones_like(lin.bias))
         assert f"{m.lin}.{name}" in dict(model.named_parameters())
     else:
-        assert torch.equal(tensor, torch.ones(3)) and f"{m.lin}.{name}" in dict(model.named_buffers())
+        assert tensor.shape == (3,) and torch.equal(tensor, torch.ones_like(tensor))
+        assert f"{m.lin}.{name}" in dict(model.named_buffers())
     assert f"{m.lin}.{name}" in model.state_dict()
     out, xg, grads = run(model, x)  # nothing else changes: the new tensor is not used by forward
     ref_out, ref_xg, ref_grads = run(ref, x)

@@ -113,7 +113,8 @@ class Run:
                 self.model, self.attribution.sites, self.attribution.edits, partial(batch.run, self.model), run_source,
                 partial(_metric_of, metric, y, reference), self.attribution.steps,
             )  # fmt: skip
-            progress.values[metric.name][:, rows] = self.base[metric.name][rows] + estimates.detach()
+            base = self.base[metric.name][rows]  # float64 on the host, whatever device the model is on
+            progress.values[metric.name][:, rows] = base + estimates.detach().to(base.device, base.dtype)
         for group in pending:
             progress.finished(group, rows)
 
