@@ -260,12 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and smaller grids")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--out", help="a directory: writes gpu.json and gpu.md (the BENCHMARKS.md section) there")
-    parser.add_argument("--merge", metavar="DIR", help="no run: put DIR/gpu.json into BENCHMARKS.md's section 12")
+    parser.add_argument("--merge", metavar="DIR", help="no run: DIR/gpu.json into BENCHMARKS.md (and gpu-last.json)")
     args = parser.parse_args(argv)
     if args.merge:
+        from scripts.bench.report.gpu import LAST_RUN
         from scripts.bench.report.merge import merge
 
         data = json.loads((Path(args.merge) / "gpu.json").read_text())
+        LAST_RUN.write_text(json.dumps(data, indent=1) + "\n")  # a full CPU render keeps these figures
         path = ROOT / "BENCHMARKS.md"
         path.write_text(merge(path.read_text(), data, "gpu"))
         print(f"wrote {path}")

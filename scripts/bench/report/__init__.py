@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from scripts.bench.common import ROOT, machine, version_of
+from scripts.bench.report.attribution import attribution_section
+from scripts.bench.report.gpu import gpu_section, last_gpu_run
 from scripts.bench.report.hooks import overhead_section, peers_section, peers_target
 from scripts.bench.report.markdown import load, table
 from scripts.bench.report.merge import MERGEABLE, merge
@@ -26,7 +28,9 @@ from scripts.bench.report.scale import ddp_section, meta_section
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
-BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study"]
+BENCHES = [
+    "overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study", "attribution",
+]  # fmt: skip
 BUDGET_S = 600
 
 
@@ -63,8 +67,10 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     x_md, x_t, x_m = meta_section(load(results, "meta"))
     g_md, g_t, g_m = ddp_section(load(results, "ddp"))
     y_md, y_t, y_m = study_section(load(results, "study"))
+    a_md, a_t, a_m = attribution_section(load(results, "attribution"))
+    u_md, u_t, u_m = gpu_section(load(results, "gpu") or last_gpu_run())  # run on a GPU machine, not here
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t
     lines = [
         "# Benchmarks",
         "",
@@ -95,7 +101,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -118,6 +124,8 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         + x_md
         + g_md
         + y_md
+        + u_md
+        + a_md
     )
     return "\n".join(lines).rstrip() + "\n"
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from scripts.bench.report.markdown import table, yes
+
+LAST_RUN = Path(__file__).resolve().parent.parent / "gpu-last.json"  # kept in the repo: no GPU where the rest runs
+
+
+def last_gpu_run() -> dict[str, Any] | None:
+    """The results of the last GPU run merged into BENCHMARKS.md (scripts/bench/gpu-last.json), if any."""
+    return json.loads(LAST_RUN.read_text()) if LAST_RUN.is_file() else None
+
 
 TITLE = "## 12. On a GPU"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from scripts.bench.report.attribution import attribution_section
 from scripts.bench.report.gpu import gpu_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
@@ -23,6 +24,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "training": (training_section, "training:"),
     "study": (study_section, "study:"),
     "gpu": (gpu_section, "GPU:"),
+    "attribution": (attribution_section, "attribution:"),
 }
 MISSES = "### Over a target, and why"
 

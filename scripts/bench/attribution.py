@@ -1,0 +1,141 @@
+"""Attribution patching: ``surgery.study(method="attribution")`` against AtP written by hand, and IG's cost in steps.
+
+    python -m scripts.bench.attribution [--quick] [--json out.json]
+
+The 3-layer GPT-2 and the 3 × 13 layer × position residual-patching grid of scripts/bench/study.py
+(4 prompts of 13 tokens, clean and corrupted). Attribution estimates every cell of the grid from one
+clean forward and one forward + backward of the corrupted prompts.
+
+* ``hand AtP``: plain hooks: a clean pass caching every block's input, a corrupted pass whose pre-hooks
+  keep each block's input gradient (``retain_grad``), the backward of ``logit[3] - logit[4]``
+  summed over prompts, then ``(clean - corrupted)[:, pos] · grad[:, pos]`` per cell, plus the unmodified
+  metric. Checked allclose to the study's values first.
+* ``study AtP``: ``surgery.study(..., method="attribution")``.
+* ``forwards only``: the three passes AtP cannot avoid (clean; corrupted forward + backward), no hooks:
+  what share of a study's time is the model's own.
+* Integrated gradients: ``method="integrated_gradients"`` at 1, 2, 4 and 8 steps: seconds against steps
+  (one forward + backward per edited site and step, so linear in steps).
+
+Target: study AtP / hand AtP ≤ 1.2. CPU time, torch on one thread, interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+from scripts.bench.common import Variant, interleave, machine, nothing, verdict, write_json
+from scripts.bench.study import CORRECT, GRID, LAYERS, METRICS, PATCH, POSITIONS, PROMPTS, _hidden, setup
+
+TARGET = 1.2
+IG_STEPS = (1, 2, 4, 8)
+HAND, STUDY, FORWARDS = "hand AtP", "study AtP", "forwards only"
+
+
+def _diff(logits: Any) -> Any:
+    z = logits[:, -1].double()
+    return z[:, CORRECT] - z[:, CORRECT + 1]
+
+
+def hand_atp(model: Any, clean: Any, corrupt: Any) -> Any:
+    """Every cell's AtP estimate plus the unmodified metric, ``[layers, positions, prompts]``, by plain hooks."""
+    import torch
+
+    blocks, cache, held = model.transformer.h, {}, {}
+    handles = [b.register_forward_pre_hook(lambda m, a, k, i=i: cache.__setitem__(i, _hidden(a, k)), with_kwargs=True)
+               for i, b in enumerate(blocks)]  # fmt: skip
+    with torch.no_grad():
+        model(clean)
+    for h in handles:
+        h.remove()
+
+    def leaf(m: Any, a: tuple, k: dict, i: int) -> None:
+        x = _hidden(a, k)  # the residual stream: computed from the embedding's weights, so it has a graph
+        x.retain_grad()
+        held[i] = x
+
+    handles = [b.register_forward_pre_hook(lambda m, a, k, i=i: leaf(m, a, k, i), with_kwargs=True)
+               for i, b in enumerate(blocks)]  # fmt: skip
+    try:
+        base = _diff(model(corrupt).logits)
+        base.sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    model.zero_grad(set_to_none=True)
+    out = torch.empty(LAYERS, POSITIONS, PROMPTS, dtype=torch.float64)
+    for layer in range(LAYERS):
+        delta = (cache[layer] - held[layer].detach()).double()
+        out[layer] = base.detach() + (delta * held[layer].grad.double()).sum(-1).T
+    return out
+
+
+def forwards(model: Any, clean: Any, corrupt: Any) -> None:
+    """The passes any AtP needs, without hooks: a clean forward, a corrupted forward and backward."""
+    import torch
+
+    with torch.no_grad():
+        model(clean)
+    _diff(model(corrupt).logits).sum().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def by_study(model: Any, clean: Any, corrupt: Any, method: str, steps: int | None = None) -> Any:
+    import surgery
+
+    result = surgery.study(model, PATCH, GRID, corrupt, METRICS, source=clean, method=method, steps=steps)
+    return result.values["logit_diff"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    import torch
+
+    model, clean, corrupt = setup()
+    hand, study = hand_atp(model, clean, corrupt), by_study(model, clean, corrupt, "attribution")
+    torch.testing.assert_close(study, hand, rtol=1e-9, atol=1e-9)  # the same estimate before anything is timed
+    variants = [
+        Variant(HAND, nothing, lambda: hand_atp(model, clean, corrupt)),
+        Variant(STUDY, nothing, lambda: by_study(model, clean, corrupt, "attribution")),
+        Variant(FORWARDS, nothing, lambda: forwards(model, clean, corrupt)),
+    ]
+    timing = interleave(variants, rounds=4 if args.quick else 15, reps=1 if args.quick else 3)
+    low, high = timing.spread(STUDY, HAND)
+    ig = []
+    for steps in IG_STEPS[:2] if args.quick else IG_STEPS:
+        begin = time.process_time()
+        reps = 1 if args.quick else 3
+        for _ in range(reps):
+            by_study(model, clean, corrupt, "integrated_gradients", steps)
+        ig.append({"steps": steps, "seconds": (time.process_time() - begin) / reps})
+    slope = (ig[-1]["seconds"] - ig[0]["seconds"]) / (ig[-1]["steps"] - ig[0]["steps"])
+    data = {
+        "machine": machine(),
+        "cells": LAYERS * POSITIONS,
+        "times": {name: timing.median(name) for name in (HAND, STUDY, FORWARDS)},
+        "ratio": timing.ratio(STUDY, HAND),
+        "quartiles": [low, high],
+        "target": TARGET,
+        "verdict": verdict(low, high, TARGET),
+        "forward_share": timing.ratio(FORWARDS, STUDY),
+        "ig": ig,
+        "ig_seconds_per_step": slope,
+        "ig_intercept": ig[0]["seconds"] - slope * ig[0]["steps"],
+    }
+    write_json(args.json, data)
+    print(f"study AtP / hand AtP {data['ratio']:.3f} ({low:.3f}-{high:.3f}); forwards are "
+          f"{data['forward_share']:.0%} of the study; IG " + ", ".join(
+              f"{r['steps']} steps {r['seconds'] * 1e3:.0f} ms" for r in ig))  # fmt: skip
+    fit = [abs(r["seconds"] - (data["ig_intercept"] + slope * r["steps"])) / r["seconds"] for r in ig]
+    print(f"IG linear in steps: worst deviation from the line {max(fit):.1%}; {statistics.mean(fit):.1%} on average")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The BENCHMARKS.md section for attribution patching (scripts/bench/attribution.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scripts.bench.report.markdown import table, yes
+
+TITLE = "## 13. Attribution patching"
+HAND, STUDY, FORWARDS = "hand AtP", "study AtP", "forwards only"
+
+
+def attribution_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
+    """Section 13 and its target rows: study AtP against AtP by hand, the forwards' share, IG against steps."""
+    if data is None:
+        return [TITLE, "", "Not run.", ""], [], []
+    t, (low, high) = data["times"], data["quartiles"]
+    md = [
+        TITLE,
+        "",
+        "`scripts/bench/attribution.py`. The 3-layer GPT-2 and 3 × 13 residual-patching grid of section 11,"
+        " every cell estimated by attribution patching (AtP: one clean forward, one corrupted forward and"
+        " backward). `hand AtP` is the same estimate with plain hooks (`retain_grad` on each block's input,"
+        " `(clean - corrupted) · grad` per position), equal to the study's values to 1e-9 before timing;"
+        " `forwards only` is the three passes alone. CPU time, one thread, interleaved rounds.",
+        "",
+        *table(
+            ["hand AtP", "study AtP", "forwards only", "study / hand", "quartiles", "forwards' share of the study"],
+            [
+                [
+                    f"{t[HAND] * 1e3:.1f} ms",
+                    f"{t[STUDY] * 1e3:.1f} ms",
+                    f"{t[FORWARDS] * 1e3:.1f} ms",
+                    f"{data['ratio']:.2f}",
+                    f"{low:.2f}–{high:.2f}",
+                    f"{data['forward_share']:.0%}",
+                ]
+            ],
+        ),  # fmt: skip
+        "Integrated gradients (`method: integrated_gradients`), seconds per study against `steps`: "
+        + ", ".join(f"{r['steps']}: {r['seconds'] * 1e3:.0f} ms" for r in data["ig"])
+        + f" — {data['ig_seconds_per_step'] * 1e3:.1f} ms per step on a fixed"
+        f" {data['ig_intercept'] * 1e3:.0f} ms (linear: one forward and backward per edited site and step).",
+        "",
+    ]
+    if data.get("note"):
+        md += [data["note"], ""]
+    ok = data["verdict"] == "met"
+    shown = yes(ok) if ok or data["verdict"] == "over" else data["verdict"]
+    targets = [["study AtP / AtP by hand (3 × 13 grid)", f"≤ {data['target']:.1f}",
+                f"{data['ratio']:.2f} ({low:.2f}–{high:.2f})", shown]]  # fmt: skip
+    misses = [] if ok else [f"attribution: study AtP is {data['ratio']:.2f}× AtP by hand (section 13)"]
+    return md, targets, misses
