@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from surgery.core.paths import config_dir, group_options
@@ -122,16 +122,18 @@ def compile_plan(
     example_inputs: tuple[Any, ...] | None = None,
     example_kwargs: dict[str, Any] | None = None,
     batches: int = 1,
+    shared: Shared | None = None,
 ) -> Plan:
     """Validate every action against its schema and the model; bind each to what it matched.
 
     With ``example_inputs`` the model runs once (hooks removed again) so that shapes an
     action needs, such as a patch's, and capture sizes against ``max_bytes`` (over
-    ``batches`` batches) are checked before anything is applied.
+    ``batches`` batches) are checked before anything is applied. ``shared``: what plans of the same
+    unmodified model can reuse (a study's cells): its module index, validated configs, selections.
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    index = ModuleIndex.of(model)
+    index = shared.index_of(model) if shared is not None else ModuleIndex.of(model)
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}
     flags: dict[int, bool] = {}  # shared by every action: what earlier ones add and freeze
@@ -146,13 +148,13 @@ def compile_plan(
         if "kind" not in node:
             raise ConfigError(f"{where}.kind: every action needs a kind; kinds: {', '.join(KINDS.names())}")
         kind = KINDS.get(str(node["kind"]), f"{where}.kind")()
-        cfg = validate(kind.schema, node, where)
+        cfg = shared.validated(kind, node, where) if shared is not None else validate(kind.schema, node, where)
         if getattr(cfg, "passes", "both") == "main" and kind.mechanism in ("apply pass", "state-dict hook"):
             raise ConfigError(
                 f"{where}.passes: 'main' needs hooks that run in a pass; {kind.name} ({kind.mechanism}) changes the"
                 " model for every pass, the source pass too; drop passes or use passes: both"
             )
-        matched = _match(cfg, index, where, strict)
+        matched = shared.matched(cfg, index, where, strict) if shared is not None else _match(cfg, index, where, strict)
         ctx = BindContext(str(name), seed, strict, safe, model, ctx_added, flags, plan.steps)
         if not cfg.enabled:
             plan.steps.append(Step(str(name), kind.name, kind.mechanism, cfg, matched, _skip, enabled=False))
@@ -170,6 +172,54 @@ def compile_plan(
 
         check_before_apply(plan.model, plan.steps, example_inputs or (), batches, example_kwargs)
     return plan
+
+
+class Shared:
+    """What the plans of one unmodified model share: its module index, and per action config its validated
+    form and its selection, reused when a later plan holds the same plain (JSON-like) config again."""
+
+    def __init__(self) -> None:
+        self.index: ModuleIndex | None = None
+        self._configs: dict[tuple[Any, ...], Any] = {}
+        self._matches: dict[tuple[Any, ...], list[Target]] = {}
+
+    def index_of(self, model: nn.Module) -> ModuleIndex:
+        """The model's module index, walked once."""
+        if self.index is None or self.index.modules[0] is not model:
+            self.index = ModuleIndex.of(model)
+        return self.index
+
+    def validated(self, kind: Any, node: Any, where: str) -> Any:
+        """``validate(kind.schema, node, where)``, once per distinct plain config (configs are never mutated)."""
+        key = _plain(node)
+        if key is None:
+            return validate(kind.schema, node, where)
+        key = (kind.name, where, key)
+        if key not in self._configs:
+            self._configs[key] = validate(kind.schema, node, where)
+        return self._configs[key]
+
+    def matched(self, cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Target]:
+        """``_match``, once per selector on the same index."""
+        key = (id(index), where, strict, _plain(cfg.select), _plain(cfg.type), _plain(cfg.exclude), cfg.allow_empty)
+        if None in key[3:6]:
+            return _match(cfg, index, where, strict)  # a selector that is not plain data: not shared
+        if key not in self._matches:
+            self._matches[key] = _match(cfg, index, where, strict)
+        return list(self._matches[key])
+
+
+def _plain(value: Any) -> Any:
+    """A hashable copy of JSON-like data (str, numbers, bools, None, lists, mappings); None for anything else."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return (type(value).__name__, value)
+    if isinstance(value, (list, tuple, ListConfig)):
+        items = [_plain(v) for v in value]
+        return None if any(i is None for i in items) else ("list", tuple(items))
+    if isinstance(value, Mapping):
+        pairs = [(str(k), _plain(v)) for k, v in value.items()]
+        return None if any(p[1] is None for p in pairs) else ("map", tuple(pairs))
+    return None
 
 
 def ddp_warnings(root: nn.Module, steps: list[Step]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.core.compiler import Plan, compile_plan, load_actions
+from surgery.core.compiler import Plan, Shared, compile_plan, load_actions
 from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
 from surgery.study.attribution import edits_of, sites_of
@@ -68,12 +68,12 @@ def plan_cells(
 
     A cell that fails is named.
     """
-    filled, plans = [], []
+    filled, plans, shared = [], [], Shared()  # one module index; a config or selector seen before is reused
     for i, cell in enumerate(grid_cells):
         node = fill(actions, cell)
         node = node if k == 1 else restricted(node, i % k, k)
         try:
-            plans.append(compile_plan(model, node, seed=seed, strict=strict, safe=safe))
+            plans.append(compile_plan(model, node, seed=seed, strict=strict, safe=safe, shared=shared))
         except SurgeryError as e:
             raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
         if i and not any(step.replaced for step in plans[-1].steps):
