@@ -10,7 +10,7 @@ checked before it is read (``surgery/files``), a batch's decoded size is checked
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,8 @@ class ImageFolder(Dataset):
     Under ``safe=true`` a class sub-folder or image that is a symlink out of ``root`` is refused.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, read_image: Callable[[Path], torch.Tensor] | None = None) -> None:
+        self.read_image = read_image  # e.g. a vision model's image processor (surgery.vision); None: [0, 1] pixels
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         if not classes:
             raise ConfigError(f"input.path: {str(root)!r} has no class sub-folders (e.g. {root}/0/a.png, {root}/1/...)")
@@ -92,6 +93,8 @@ class ImageFolder(Dataset):
         self.shape: tuple[int, ...] | None = None  # the first image read's; decoded with its batch, never before
 
     def _image(self, i: int) -> torch.Tensor:
+        if self.read_image is not None:
+            return self.read_image(self.files[i][0])
         image = read_png(self.files[i][0], "input.path")
         return image[None] if image.dim() == 2 else image
 
@@ -183,8 +186,11 @@ def whole_file(path: Path, x_key: str, y_key: str | None) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def local(path: Path, x_key: str, y_key: str | None, split: str) -> Dataset:
-    """A local data set by what ``path`` is: a ``datasets`` directory, an image folder, or a file."""
+def local(
+    path: Path, x_key: str, y_key: str | None, split: str, read_image: Callable[[Path], torch.Tensor] | None = None
+) -> Dataset:
+    """A local data set by what ``path`` is: a ``datasets`` directory, an image folder (each file read with
+    ``read_image``, else as [0, 1] pixels), or a file."""
     if not path.exists():
         raise ConfigError(f"input.path: {str(path)!r} does not exist")
     if path.is_dir():
@@ -192,7 +198,7 @@ def local(path: Path, x_key: str, y_key: str | None, split: str) -> Dataset:
             from surgery.data.hf import HFRows
 
             return HFRows(path, x_key, y_key, split)
-        return ImageFolder(path)
+        return ImageFolder(path, read_image)
     must_be_file(path, "input.path")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
