@@ -175,7 +175,9 @@ def test_decoder_only_generation_still_starts_after_each_left_padded_prompt(gpt2
     model, tok = load_pretrained(gpt2_dir), load_tokenizer(model_path=gpt2_dir)
     batch = encode_prompts(tok, prompts=prompts)
     with torch.no_grad():
-        out = model.generate(**batch.kwargs(), max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
+        out = model.generate(
+            **batch.kwargs(), max_new_tokens=5, do_sample=False, use_cache=True, pad_token_id=tok.eos_token_id
+        )
     want = trimmed(out, batch.input_ids.shape[1], tok.eos_token_id)
     assert [row["unmodified_tokens"] for row in report["generate"]["prompts"]] == want
 
@@ -282,6 +284,18 @@ def test_a_vision_model_defaults_to_an_image_input_not_text(vit_dir: Path, tmp_p
     assert report["output"]["shape"] == [1, 3]
 
 
+def test_text_on_a_vision_model_says_the_directory_has_no_tokenizer_in_one_whole_line(
+    vit_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        hf_run(tmp_path, vit_dir, "+input=text", "input.prompt=the cat")
+    assert str(refused.value) == (
+        f"input.tokenizer (default: model.path): {str(vit_dir)!r} holds no tokenizer (tokenizer.json,"
+        " tokenizer_config.json, ...); give input.tokenizer=DIR_OR_TOKENIZER_JSON, or an image input for this"
+        " vision model (+input=file input.path=IMAGE.png)"
+    )
+
+
 # ---------------------------------------------------------------- on a GPU
 
 
@@ -303,7 +317,9 @@ def test_generation_on_cuda_in_half_precision_equals_generate_by_hand(
         handle = model.transformer.h[0].mlp.register_forward_hook(hook) if hook else None
         try:
             with torch.no_grad():
-                out = model.generate(**batch.kwargs(), max_new_tokens=6, do_sample=False, pad_token_id=tok.eos_token_id)
+                out = model.generate(
+                    **batch.kwargs(), max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=tok.eos_token_id
+                )
         finally:
             if handle is not None:
                 handle.remove()
@@ -318,6 +334,7 @@ def test_generation_on_cuda_in_half_precision_equals_generate_by_hand(
     t5_batch = encode_prompts(load_tokenizer(model_path=t5_dir), prompt="The cat sat on the").to("cuda")
     with torch.no_grad():
         out = model.generate(
-            **t5_batch.kwargs(), decoder_input_ids=torch.tensor([[0]], device="cuda"), max_new_tokens=6
-        )
+            **t5_batch.kwargs(), decoder_input_ids=torch.tensor([[0]], device="cuda"), max_new_tokens=6,
+            do_sample=False, use_cache=True,
+        )  # fmt: skip
     assert t5["generate"]["prompts"][0]["unmodified_tokens"] == trimmed(out.cpu(), 1, 1)[0]

@@ -21,6 +21,8 @@ from surgery.errors import ConfigError
 from surgery.lm.load import transformers_offline
 
 IGNORE = -100  # the label PyTorch's cross_entropy and Hugging Face skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
+                   "tokenizer.model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,13 @@ def load_tokenizer(
     path = Path(str(tokenizer)).expanduser()
     if not path.exists():
         raise ConfigError(f"{where}: {str(path)!r} does not exist; give a tokenizer directory or a tokenizer.json file")
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        vision = (path / "preprocessor_config.json").is_file()
+        raise ConfigError(
+            f"{where}: {str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); give"
+            f" {where.split(' ')[0]}=DIR_OR_TOKENIZER_JSON"
+            + (", or an image input for this vision model (+input=file input.path=IMAGE.png)" if vision else "")
+        )
     try:
         if path.is_file():
             if path.suffix != ".json":
