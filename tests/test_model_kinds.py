@@ -278,6 +278,18 @@ def test_an_image_folder_goes_through_the_models_image_processor(vit_dir: Path, 
     assert report["metrics"]["surgered"]["accuracy"] is not None  # labels from the class folders
 
 
+def test_a_datasets_image_column_goes_through_the_models_image_processor(
+    vit_dir: Path, images: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("datasets")
+    from tests.test_files_trust import image_cells
+
+    pngs = [images / "a" / "one.png", images / "b" / "two.png"]
+    data = image_cells(tmp_path / "data", [{"bytes": p.read_bytes(), "path": None} for p in pngs])
+    hf_run(tmp_path / "run", vit_dir, "+input=dataset", f"input.path={data}", "input.split=all")
+    assert torch.equal(logits_file(tmp_path / "run"), by_hand(vit_dir, *pngs))
+
+
 def test_a_vision_model_defaults_to_an_image_input_not_text(vit_dir: Path, tmp_path: Path) -> None:
     report = hf_run(tmp_path, vit_dir)
     assert report["input"][0]["shape"] == [1, 3, 16, 16] and report["input"][0]["dtype"] == "float32"

@@ -132,14 +132,14 @@ def _processed_file(spec: Mapping[str, Any], processor: Any, dtype: torch.dtype,
 
 def _dataset_batches(spec: Mapping[str, Any], dtype: torch.dtype, device: torch.device, model_path: Any) -> Batches:
     from surgery.data.loader import data_loader, dataset_input
-    from surgery.vision.images import image_processor, processed_image
+    from surgery.vision.images import image_processor, process_image
 
     if spec.get("batches") is not None:
         raise ConfigError("input.batches: a data set's size sets the number of batches; use input.limit=N instead")
     config = dataset_input({k: v for k, v in spec.items() if k != "batches"})
     processor = image_processor(model_path) if config.path is not None else None
-    read = None if processor is None else (lambda path: processed_image(processor, path)[0])  # [C, H, W] each
-    loader = data_loader(config, read)
+    process = None if processor is None else (lambda image: process_image(processor, image)[0])  # [C, H, W] each
+    loader = data_loader(config, process)
     rows = iter(loader)
 
     def batch_of(row: Any) -> Batch:

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.core.limits import check_memory
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
-from surgery.files.images import png_decoded_bytes
+from surgery.files.images import open_png
 from surgery.files.paths import read_failure
 
 PROCESSOR_FILE = "preprocessor_config.json"
@@ -63,20 +62,18 @@ def image_processor(model_path: Any) -> Any:
 
 def processed_image(processor: Any, path: Path, what: str = "input.path") -> torch.Tensor:
     """The PNG at ``path`` through ``processor``: ``pixel_values`` ``[1, C, H, W]``, size checked before decoding."""
-    from PIL import Image
+    return process_image(processor, open_png(path, what), what, repr(str(path)))
 
-    check_memory(png_decoded_bytes(path, what), what, f"decoding {str(path)!r}")  # the header's caps first
-    try:
-        with Image.open(path) as opened:
-            image = opened.convert("RGB") if _wants_rgb(processor) and opened.mode != "RGB" else opened.copy()
-    except Exception as e:  # noqa: BLE001 - PIL raises SyntaxError, OSError, ...
-        raise ConfigError(f"{what}: cannot read {str(path)!r} as .png ({read_failure(e)})") from None
+
+def process_image(processor: Any, image: Any, what: str = "input.path", where: str = "an image") -> torch.Tensor:
+    """A PIL image through ``processor``: ``pixel_values`` ``[1, C, H, W]`` (RGB first if it normalizes 3 channels)."""
+    if _wants_rgb(processor) and getattr(image, "mode", "RGB") != "RGB":
+        image = image.convert("RGB")
     try:
         pixels = processor(images=image, return_tensors="pt")["pixel_values"]
     except Exception as e:  # noqa: BLE001
         raise ConfigError(
-            f"{what}: the model's image processor ({type(processor).__name__}) fails on {str(path)!r}:"
-            f" {read_failure(e)}"
+            f"{what}: the model's image processor ({type(processor).__name__}) fails on {where}: {read_failure(e)}"
         ) from None
     return owned(pixels)
 
