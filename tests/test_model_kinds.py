@@ -121,6 +121,20 @@ def test_t5_decoder_prompt_follows_the_start_token(t5_dir: Path, tmp_path: Path)
     assert want.shape[1] == 3 and torch.equal(logits_file(tmp_path), want)
 
 
+def test_t5_logit_diff_reads_the_decoders_last_position(t5_dir: Path, tmp_path: Path) -> None:
+    prompts = "+input.prompts=[the cat sat, a dog ran in the park]"  # left padding on the encoder side only
+    metric = "metrics=[{logit_diff: {correct: cat, wrong: dog}}]"
+    report = hf_run(tmp_path, t5_dir, prompts, "+input.decoder_prompt=the", metric)
+    model, tok = load_pretrained(t5_dir), load_tokenizer(model_path=t5_dir)
+    batch = with_decoder_prompt(
+        encode_prompts(tok, prompts=["the cat sat", "a dog ran in the park"]), model, tok, "the"
+    )
+    with torch.no_grad():
+        z = model(**batch.kwargs()).logits[:, -1].double()
+    cat, dog = (tok(w, add_special_tokens=False)["input_ids"][0] for w in ("cat", "dog"))
+    assert report["metrics"]["unmodified"]["logit_diff"] == pytest.approx(float((z[:, cat] - z[:, dog]).mean()))
+
+
 def t5_hand_generate(model: Any, batch: Any, decoder: torch.Tensor, new: int, zero: bool) -> list[int]:
     """``model.generate`` as a user writes it for T5, the decoder's final norm negated by a hand-written hook or not."""
     module = model.get_submodule(T5_STEER)
