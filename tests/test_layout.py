@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "surgery"
-UPPER = ("surgery.app", "surgery.data", "surgery.lm", "surgery.dist", "surgery.integrations")
+UPPER = ("surgery.app", "surgery.data", "surgery.lm", "surgery.dist", "surgery.integrations", "surgery.vision")
 # what each room may not import (module prefixes), at any depth, inside functions too
 FORBIDDEN = {
     "errors.py": ("surgery.",),

@@ -51,13 +51,21 @@ class Batches:
 EXCLUSIVE = (("prompt", "prompts"), ("prompts", "prompt"), ("shape", "shapes"), ("shapes", "shape"))
 
 
-def input_spec(model_input: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+def input_spec(
+    model_input: Mapping[str, Any], given: Mapping[str, Any], model: nn.Module | None = None
+) -> dict[str, Any]:
     """The model config's input defaults overridden by the run's ``input``.
 
     When the run picks another kind (``+input=random`` on a model whose default is a data set), only
-    the defaults every kind shares (``shape``, ``shapes``, ``target``) are kept.
+    the defaults every kind shares (``shape``, ``shapes``, ``target``) are kept. A vision ``model`` whose
+    config defaults to text (``+model=hf``) defaults to an image-shaped input instead (surgery.vision).
     """
     given = {k: v for k, v in given.items() if v != "???"}  # a required key left unset: as if not given
+    if model is not None and model_input.get("kind") == "text" and not given.get("kind"):
+        from surgery.vision.images import image_input, is_vision_model
+
+        if is_vision_model(model):
+            model_input = image_input(model)
     model_kind = model_input.get("kind") or "random"
     kind = given.get("kind") or model_kind
     if kind == model_kind:
@@ -77,9 +85,15 @@ def make_batches(
     """The run's batches from its input spec (kinds random, tokens, digit, file, dataset, text)."""
     kind = spec.get("kind") or "random"
     if kind == "dataset":
-        return _dataset_batches(spec, dtype, device)
+        return _dataset_batches(spec, dtype, device, model_path)
     if kind == "text":
         return _text_batches(spec, device, model, model_path, where)
+    if kind == "file" and str(spec.get("path")).lower().endswith(".png"):
+        from surgery.vision.images import image_processor
+
+        processor = image_processor(model_path)
+        if processor is not None:  # a vision model's own preprocessing, not raw [0, 1] pixels
+            return _processed_file(spec, processor, dtype, device)
     count = batch_count(spec)
     first = Batch(make_inputs(spec, seed, dtype, device), {}, None)
 
@@ -92,13 +106,40 @@ def make_batches(
     return Batches(first, count, False, examples, str(kind), _iterator=every())
 
 
-def _dataset_batches(spec: Mapping[str, Any], dtype: torch.dtype, device: torch.device) -> Batches:
+def _processed_file(spec: Mapping[str, Any], processor: Any, dtype: torch.dtype, device: torch.device) -> Batches:
+    """A PNG through the model directory's image processor: one batch of ``pixel_values``."""
+    from pathlib import Path
+
+    from surgery.app.inputs import INPUT_KEYS, fit_shape
+    from surgery.files.paths import must_be_file
+    from surgery.vision.images import processed_image
+
+    unknown = sorted(set(spec) - set(INPUT_KEYS))
+    if unknown:
+        raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
+    batch_count(spec)  # more than one batch of a file is refused, with the data-set way to say it
+    path = Path(str(spec["path"]))
+    must_be_file(path, "input.path")
+    pixels = processed_image(processor, path)
+    shapes = spec.get("shapes") or ([spec["shape"]] if spec.get("shape") is not None else [])
+    if shapes:
+        pixels = fit_shape(pixels, list(shapes[0]), str(path))
+    first = Batch((pixels.to(device=device, dtype=dtype),), {}, None)
+    return Batches(
+        first, 1, False, int(pixels.shape[0]), f"{path} ({type(processor).__name__})", _iterator=iter([first])
+    )
+
+
+def _dataset_batches(spec: Mapping[str, Any], dtype: torch.dtype, device: torch.device, model_path: Any) -> Batches:
     from surgery.data.loader import data_loader, dataset_input
+    from surgery.vision.images import image_processor, process_image
 
     if spec.get("batches") is not None:
         raise ConfigError("input.batches: a data set's size sets the number of batches; use input.limit=N instead")
     config = dataset_input({k: v for k, v in spec.items() if k != "batches"})
-    loader = data_loader(config)
+    processor = image_processor(model_path) if config.path is not None else None
+    process = None if processor is None else (lambda image: process_image(processor, image)[0])  # [C, H, W] each
+    loader = data_loader(config, process)
     rows = iter(loader)
 
     def batch_of(row: Any) -> Batch:
@@ -125,6 +166,7 @@ def _text_batches(
     spec: Mapping[str, Any], device: torch.device, model: nn.Module | None, model_path: Any, where: str
 ) -> Batches:
     """Prompts as one batch of keyword inputs; labels are the token ids (-100 at padding) for LM metrics."""
+    from surgery.lm.seq2seq import is_encoder_decoder, with_decoder_prompt
     from surgery.lm.text import check_vocabulary, encode_prompts, load_tokenizer
 
     unknown = sorted(set(spec) - set(TEXT_KEYS))
@@ -136,6 +178,9 @@ def _text_batches(
     text = encode_prompts(tokenizer, spec.get("prompt"), spec.get("prompts"), where=where)
     if model is not None:
         check_vocabulary(tokenizer, model, text)
+    decoder_prompt = spec.get("decoder_prompt")
+    if decoder_prompt is not None or (model is not None and is_encoder_decoder(model)):  # T5: the decoder's start
+        text = with_decoder_prompt(text, model, tokenizer, decoder_prompt, f"{where}.decoder_prompt")  # type: ignore[arg-type]
     text = text.to(device)
     first = Batch((), text.kwargs(), text.labels)
     return Batches(first, 1, False, len(text.prompts), "text", text, tokenizer, iter([first]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,6 +77,7 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
         raise ConfigError("model: needs a _target_ (the class to build), e.g. +model=cnn")
     target = str(node["_target_"])
     check_targets(node, "model", settings.safe)
+    check_dtypes(node, settings)
     checkpoint = node.get("checkpoint")
     build = {k: v for k, v in node.items() if k not in MODEL_EXTRAS}
     meta = device.type == "meta"
@@ -104,8 +106,28 @@ def build_model(model_cfg: Any, settings: RunSettings, device: torch.device, loa
         )
     if checkpoint and load and not meta:  # a plan on meta needs the names and shapes, which the config gives
         load_checkpoint(model, checkpoint)
-    model = model.to(device=device, dtype=getattr(torch, settings.dtype))
-    return model.eval()
+    if settings.dtype is None:  # the model's own: model.dtype as loaded, or as built
+        return model.to(device=device).eval()
+    return model.to(device=device, dtype=getattr(torch, settings.dtype)).eval()
+
+
+def check_dtypes(node: Mapping[Any, Any], settings: RunSettings) -> None:
+    """Refuse a run ``dtype`` that contradicts the model config's own ``dtype`` (``model.dtype=bfloat16``)."""
+    own = node.get("dtype")
+    if isinstance(own, str) and settings.dtype is not None and settings.dtype != own:
+        raise ConfigError(
+            f"dtype: the run's dtype={settings.dtype} contradicts model.dtype={own}; drop dtype (it follows"
+            f" model.dtype), or set both to the same, e.g. dtype={own} model.dtype={own}"
+        )
+
+
+def run_dtype(settings: RunSettings, model: nn.Module) -> torch.dtype:
+    """The dtype inputs are made in: the run's ``dtype``, else the model's first floating tensor's, else float32."""
+    if settings.dtype is not None:
+        return getattr(torch, settings.dtype)  # type: ignore[no-any-return]
+    tensors = (t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point())
+    first = next(tensors, None)
+    return first.dtype if first is not None else torch.float32
 
 
 def _freeze_once() -> None:

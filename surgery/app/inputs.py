@@ -31,6 +31,7 @@ KEY_MEANINGS = {
     "prompt": "one prompt",
     "prompts": "several prompts (replaces prompt), padded on the left into one batch",
     "tokenizer": "null: the model's directory (model.path); or a tokenizer directory or tokenizer.json",
+    "decoder_prompt": "encoder-decoder models (T5): the decoder's prompt after its start token (null: the start token)",
 }
 INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "random": ("kind", "shape", "shapes", "seed", "batches", "target"),
@@ -38,7 +39,7 @@ INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "digit": ("kind", "digit", "shape", "seed", "batches", "target"),
     "file": ("kind", "path", "key", "shape", "target"),
     "dataset": tuple(f.name for f in dataclasses.fields(DatasetInput)),  # meanings: DatasetInput's comments
-    "text": ("kind", "prompt", "prompts", "tokenizer", "shape", "shapes", "target"),
+    "text": ("kind", "prompt", "prompts", "tokenizer", "decoder_prompt", "shape", "shapes", "target"),
 }
 # The tensor kinds (all but dataset and text) share one check, so a key another of them takes is never refused.
 INPUT_KEYS = tuple(dict.fromkeys(k for kind in ("random", "tokens", "digit", "file") for k in INPUT_KINDS[kind]))
@@ -131,7 +132,7 @@ def _make_inputs(
             raise ConfigError("input.path: a file is required, e.g. +input=file input.path=digit.pt")
         tensor = read_input_file(Path(str(path)), spec.get("key"))
         if shapes:
-            tensor = _fit(tensor, shapes[0], str(path))
+            tensor = fit_shape(tensor, shapes[0], str(path))
         return (tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype),)
     if kind == "digit":
         from surgery.app.digit import render_digit
@@ -173,7 +174,7 @@ def _shapes(spec: Mapping[str, Any]) -> list[list[int]]:
     return shapes
 
 
-def _fit(tensor: torch.Tensor, shape: list[int], path: str) -> torch.Tensor:
+def fit_shape(tensor: torch.Tensor, shape: list[int], path: str) -> torch.Tensor:
     """Add the batch dim to a single example; refuse a tensor whose example shape differs."""
     example = list(shape[1:])
     if list(tensor.shape) == example:

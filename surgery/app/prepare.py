@@ -18,6 +18,7 @@ from surgery.app.build import (
     module_table,
     on_device,
     resolve_device,
+    run_dtype,
     seed_everything,
     settings_of,
 )
@@ -87,11 +88,11 @@ def prepare(cfg: DictConfig) -> Job | None:
     if settings.mode == "modules":
         say(module_table(model))
         return None
-    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}), model)
     made_on = input_device(device)  # meta: drawn on cpu, batch 0 moved to meta for the probe (surgery/app/build.py)
-    data = on_device(make_batches(spec, settings.seed, getattr(torch, settings.dtype), made_on, model,
+    data = on_device(make_batches(spec, settings.seed, run_dtype(settings, model), made_on, model,
                                   cfg.model.get("path")), device)  # fmt: skip
-    metrics = metric_names(settings.metrics, data, settings.compare)
+    metrics = metric_names(settings.metrics, data, settings.compare, model)
     source = source_batches(cfg, settings, device, model, data)
     batches = data.count
     timings = {"build_s": time.perf_counter() - clock}
@@ -118,8 +119,8 @@ def source_batches(
     given = cfg.get("source")
     if given is None:
         return None
-    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(given))
-    dtype = getattr(torch, settings.dtype)
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(given), model)
+    dtype = run_dtype(settings, model)
     source = make_batches(spec, settings.seed, dtype, device, model, cfg.model.get("path"), where="source")
     if source.text is not None and data.text is not None:
         from surgery.lm.text import require_equal_lengths

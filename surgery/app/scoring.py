@@ -67,19 +67,25 @@ def check_labels(labels: torch.Tensor, logits: torch.Tensor) -> None:
         )
 
 
-def metric_names(given: Any, data: Batches, compare: bool) -> tuple[str | Metric, ...]:
+def metric_names(given: Any, data: Batches, compare: bool, model: nn.Module | None = None) -> tuple[str | Metric, ...]:
     """The metrics a run computes: ``metrics`` as given, or the default for the input.
 
     Without compare the default is none, and those named must need no unmodified model (accuracy, loss, ...):
     they score the surgered model alone, so a sweep does not pay for the unmodified forward in every job.
-    Text inputs also take ``perplexity`` and ``logit_diff: {correct, wrong}`` (surgery.lm.metrics).
+    Text inputs also take ``perplexity`` and ``logit_diff: {correct, wrong}`` (surgery.lm.metrics); on a
+    ``model`` that is not a causal LM (BERT, T5) perplexity is left out of the default and refused when named.
     """
     if not compare and given is None:
         return ()
     if data.text is not None:
+        from surgery.lm.kinds import CAUSAL_ONLY, not_causal, refuse_causal_metrics
         from surgery.lm.metrics import text_metrics
 
         named = text_metrics(given, data.tokenizer)
+        if model is not None and given is None and not_causal(model):  # BERT, T5: the default without perplexity
+            named = [n for n in named if n not in CAUSAL_ONLY]
+        elif model is not None:
+            refuse_causal_metrics(model, named)
         return check_metrics(named, labelled=True, compare=compare)
     if given is not None and not isinstance(given, (list, tuple)):
         raise ConfigError(f"metrics: a list of metric names, e.g. [accuracy, loss]; got {given!r}")

@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from surgery.app.batches import Batches, input_spec, make_batches
-from surgery.app.build import build_model, resolve_device, seed_everything, settings_of
+from surgery.app.build import build_model, resolve_device, run_dtype, seed_everything, settings_of
 from surgery.app.prepare import source_batches
 from surgery.app.report import environment, fingerprint
 from surgery.core.compiler import load_actions
@@ -42,9 +42,15 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     device = resolve_device(settings.device)
     actions = load_actions(cfg.get("actions"))
     model = build_model(cfg.model, settings, device)
-    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}))
-    data = make_batches(spec, settings.seed, getattr(torch, settings.dtype), device, model, cfg.model.get("path"))
+    spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}), model)
+    data = make_batches(spec, settings.seed, run_dtype(settings, model), device, model, cfg.model.get("path"))
     source = source_batches(cfg, settings, device, model, data)
+    if data.text is not None:  # a masked LM or T5 has no next-token loss
+        from surgery.lm.kinds import STUDY_CAUSAL_ONLY, STUDY_INSTEAD, refuse_causal_metrics
+        from surgery.study.metrics import parse_metrics
+
+        named = parse_metrics(study.metrics, data.tokenizer)
+        refuse_causal_metrics(model, named, "study.metrics", STUDY_CAUSAL_ONLY, STUDY_INSTEAD)
     inputs, labels = _gathered(data)
     report: dict[str, Any] = {"mode": "study" if settings.mode == "run" else "plan", "seed": settings.seed}
     report["fingerprints"] = {"config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),

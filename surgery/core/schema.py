@@ -82,7 +82,7 @@ class RunSettings:
     mode: str = "run"  # run | plan (what would match, change nothing) | modules (list modules) | generate (text)
     seed: int = 0  # seeds torch, numpy, python; every random init/noise derives from it
     device: str = "cpu"  # cpu | cuda | cuda:N | auto | meta (mode=plan|modules only: no weights are made)
-    dtype: str = "float32"  # model and input dtype
+    dtype: str | None = None  # model and input dtype; null: the model's (model.dtype, else as built)
     strict: bool = True  # a selector that matches nothing is an error (an action can opt out: allow_empty)
     safe: bool = False  # name only allowlisted callables (surgery/core/callables.py); Hydra's logging too
     backward: bool = False  # also run a backward pass so backward hooks fire
@@ -111,7 +111,8 @@ class RunSettings:
         if not -(2**63) <= self.seed < 2**63:  # torch.manual_seed takes 64 bits; more is a traceback deep inside it
             text = str(self.seed) if self.seed.bit_length() <= 128 else f"a {self.seed.bit_length()}-bit int"
             raise FieldError("seed", f"{text} is out of range: a seed is an int from -2**63 to 2**63-1")
-        one_of("dtype", self.dtype, DTYPES)
+        if self.dtype is not None:
+            one_of("dtype", self.dtype, DTYPES)
         if not (self.device in ("cpu", "cuda", "auto", "meta") or self.device.startswith("cuda:")):
             raise FieldError("device", f"{self.device!r} is not cpu, cuda, cuda:N, auto or meta")
         if self.distributed is not None:

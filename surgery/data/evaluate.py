@@ -73,6 +73,9 @@ def evaluate(
         raise ConfigError("data: no batches; the data set is empty")
     labelled = split_batch(first)[1] is not None
     names = check_metrics(metrics, labelled)
+    from surgery.lm.kinds import refuse_causal_metrics  # perplexity on a masked LM or T5 means nothing
+
+    refuse_causal_metrics(model, names)
     plan = None
     if actions is not None:
         plan = actions if isinstance(actions, Plan) else compile_plan(model, actions, **plan_options)

@@ -12,6 +12,7 @@ a batch's decoded bytes checked against ``limits.memory_gb``. Columns of other d
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,14 @@ def _json(path: Path) -> dict[str, Any]:
 class HFRows(Dataset):
     """Rows of a Hugging Face ``datasets`` directory written by ``save_to_disk`` (memory-mapped Arrow)."""
 
-    def __init__(self, path: Path, x_key: str, y_key: str | None, split: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        x_key: str,
+        y_key: str | None,
+        split: str,
+        process: Callable[[Any], torch.Tensor] | None = None,
+    ) -> None:
         try:
             from datasets import DatasetDict, Image, load_from_disk
         except ImportError:
@@ -78,6 +86,7 @@ class HFRows(Dataset):
             data = data[split]
         check_keys(path, list(data.column_names), x_key, y_key)
         self.path, self.x_key, self.y_key = path, x_key, y_key
+        self.process = process  # PIL image → [C, H, W] for an Image column x_key (a vision model's processor)
         self.keys = [x_key] + ([y_key] if y_key else [])
         self.images: dict[str, str | None] = {}  # Image columns (decoded here) → the mode they ask for
         for which, key in zip(("x_key", "y_key"), self.keys):
@@ -122,7 +131,10 @@ class HFRows(Dataset):
             opened.append((image.convert(mode) if mode and image.mode != mode else image, where))  # type: ignore[attr-defined]
             total += nbytes * (len(mode) if mode else 1)
         check_memory(2 * total, "input.batch_size", f"{len(indices)} images decoded and stacked")
-        tensors = [decode_image(image, "input.path", where) for image, where in opened]
+        if self.process is not None and key == self.x_key:
+            tensors = [self.process(image) for image, _ in opened]
+        else:
+            tensors = [decode_image(image, "input.path", where) for image, where in opened]
         for tensor, (_, where) in zip(tensors, opened, strict=True):
             if tensor.shape != tensors[0].shape:
                 raise ConfigError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,22 +61,22 @@ def dataset_input(spec: Mapping[str, Any]) -> DatasetInput:
     return DatasetInput(**dict(spec))
 
 
-def open_dataset(config: DatasetInput) -> Dataset:
-    """The data set ``config`` names, limited to ``limit`` examples."""
+def open_dataset(config: DatasetInput, process: Callable[[Any], torch.Tensor] | None = None) -> Dataset:
+    """The data set ``config`` names, limited to ``limit`` examples; ``process``: a PIL image → ``[C, H, W]``."""
     if config.source == "digits":
         if not config.shape:
             raise ConfigError("input.shape: digits are resized to the model's input; give input.shape=[B, C, H, W]")
         data: Dataset = digits(config.split, list(config.shape)[1:])
     else:
-        data = local(Path(str(config.path)), config.x_key, config.y_key, config.split)
+        data = local(Path(str(config.path)), config.x_key, config.y_key, config.split, process)
     if len(data) == 0:  # type: ignore[arg-type]
         raise ConfigError(f"input.path: {config.path!r} holds no examples")
     return limited(data, config.limit)
 
 
-def data_loader(config: DatasetInput) -> DataLoader:
+def data_loader(config: DatasetInput, process: Callable[[Any], torch.Tensor] | None = None) -> DataLoader:
     """A DataLoader over the data set in order (no shuffling: runs are reproducible), in the main process."""
-    dataset = open_dataset(config)
+    dataset = open_dataset(config, process)
     sampler: DistributedSampler | None = None
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # torchrun: this rank's share
         sampler = DistributedSampler(dataset, shuffle=False)  # pads with repeats so every rank has as many

@@ -10,7 +10,7 @@ checked before it is read (``surgery/files``), a batch's decoded size is checked
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from surgery.core.limits import check_memory
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
-from surgery.files.images import png_decoded_bytes, read_png
+from surgery.files.images import open_png, png_decoded_bytes, read_png
 from surgery.files.paths import inside, must_be_file
 from surgery.files.tensors import (
     SAFETENSORS_DTYPE_BYTES,
@@ -73,7 +73,8 @@ class ImageFolder(Dataset):
     Under ``safe=true`` a class sub-folder or image that is a symlink out of ``root`` is refused.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, process: Callable[[Any], torch.Tensor] | None = None) -> None:
+        self.process = process  # PIL image → [C, H, W], e.g. a vision model's processor (surgery.vision); None: [0, 1]
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         if not classes:
             raise ConfigError(f"input.path: {str(root)!r} has no class sub-folders (e.g. {root}/0/a.png, {root}/1/...)")
@@ -92,6 +93,8 @@ class ImageFolder(Dataset):
         self.shape: tuple[int, ...] | None = None  # the first image read's; decoded with its batch, never before
 
     def _image(self, i: int) -> torch.Tensor:
+        if self.process is not None:
+            return self.process(open_png(self.files[i][0], "input.path"))
         image = read_png(self.files[i][0], "input.path")
         return image[None] if image.dim() == 2 else image
 
@@ -183,16 +186,21 @@ def whole_file(path: Path, x_key: str, y_key: str | None) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def local(path: Path, x_key: str, y_key: str | None, split: str) -> Dataset:
-    """A local data set by what ``path`` is: a ``datasets`` directory, an image folder, or a file."""
+def local(
+    path: Path, x_key: str, y_key: str | None, split: str, process: Callable[[Any], torch.Tensor] | None = None
+) -> Dataset:
+    """A local data set by what ``path`` is: a ``datasets`` directory, an image folder, or a file.
+
+    ``process`` (a PIL image → ``[C, H, W]``) replaces the plain decoding of an image folder's files and of a
+    ``datasets`` Image column ``x_key``."""
     if not path.exists():
         raise ConfigError(f"input.path: {str(path)!r} does not exist")
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             from surgery.data.hf import HFRows
 
-            return HFRows(path, x_key, y_key, split)
-        return ImageFolder(path)
+            return HFRows(path, x_key, y_key, split, process)
+        return ImageFolder(path, process)
     must_be_file(path, "input.path")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":

@@ -71,6 +71,19 @@ def read_png(path: Path, what: str) -> torch.Tensor:
     return owned(image if image.dim() == 2 else image.permute(2, 0, 1))
 
 
+def open_png(path: Path, what: str) -> object:
+    """A PNG as a loaded PIL image, after checking its declared size (caps and ``limits.memory_gb``) from the header."""
+    from PIL import Image
+
+    check_memory(png_decoded_bytes(path, what), what, f"decoding {str(path)!r}")
+    try:
+        with Image.open(path) as opened:
+            opened.load()
+            return opened.copy()
+    except Exception as e:  # noqa: BLE001 - PIL raises SyntaxError, OSError, ...
+        raise ConfigError(f"{what}: cannot read {str(path)!r} as .png ({read_failure(e)})") from None
+
+
 def open_image_bytes(data: bytes, key: str, where: str) -> tuple[object, int]:
     """A PIL image opened (header only, nothing decoded) from ``data``, and the bytes decoding it will take."""
     from PIL import Image

@@ -28,6 +28,7 @@ from surgery.core.limits import check_count
 from surgery.core.records import Record
 from surgery.data.evaluate import reference_model
 from surgery.errors import ActionError, ConfigError
+from surgery.lm.seq2seq import is_encoder_decoder, with_decoder_prompt
 from surgery.lm.text import TextBatch, pad_id
 
 
@@ -96,6 +97,8 @@ def generate_both(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"generate.max_new_tokens: a positive int, got {max_new_tokens!r}")
     check_count(max_new_tokens, "generate.max_new_tokens", "new tokens")
+    if is_encoder_decoder(model) and batch.decoder_input_ids is None:  # T5: the decoder starts from its start token
+        batch = with_decoder_prompt(batch, model)
     _check_positions(model, int(batch.input_ids.shape[-1]), max_new_tokens)
     options: dict[str, Any] = {
         **batch.kwargs(),
@@ -131,7 +134,9 @@ def generate_both(
             surgery.remove()
         if reference is not None:
             before = _generate(reference, options, seed)
-    prompt_len = batch.input_ids.shape[1]
+    # the new tokens follow what the generating stack was given: the (left-padded) prompt for a decoder-only
+    # model, the decoder prompt for an encoder-decoder one (its output never holds the encoder's prompt)
+    prompt_len = (batch.input_ids if batch.decoder_input_ids is None else batch.decoder_input_ids).shape[1]
     stops = _stop_ids(model)
     surgered = tuple(_trim(row[prompt_len:].tolist(), stops) for row in after)
     unmodified = tuple(_trim(row[prompt_len:].tolist(), stops) for row in before)

@@ -21,6 +21,8 @@ from surgery.errors import ConfigError
 from surgery.lm.load import transformers_offline
 
 IGNORE = -100  # the label PyTorch's cross_entropy and Hugging Face skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
+                   "tokenizer.model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -31,19 +33,29 @@ class TextBatch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     lengths: tuple[int, ...]  # tokens per prompt, padding excluded
+    decoder_input_ids: torch.Tensor | None = None  # encoder-decoder models: the decoder's prompt (surgery.lm.seq2seq)
 
     @property
     def labels(self) -> torch.Tensor:
-        """``input_ids`` with -100 at padding: the ``y`` the LM metrics read (Hugging Face's ``labels``)."""
+        """``input_ids`` with -100 at padding: the ``y`` the LM metrics read (Hugging Face's ``labels``).
+
+        With a decoder prompt, the decoder's ids: the logits are the decoder's, one row per decoder position.
+        """
+        if self.decoder_input_ids is not None:
+            return self.decoder_input_ids
         return self.input_ids.masked_fill(self.attention_mask == 0, IGNORE)
 
     def kwargs(self) -> dict[str, torch.Tensor]:
         """Keyword inputs for the model: ``model(**batch.kwargs())``."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        given = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.decoder_input_ids is not None:
+            given["decoder_input_ids"] = self.decoder_input_ids
+        return given
 
     def to(self, device: torch.device | str) -> TextBatch:
         """The same batch on ``device``."""
-        return TextBatch(self.prompts, self.input_ids.to(device), self.attention_mask.to(device), self.lengths)
+        decoder = None if self.decoder_input_ids is None else self.decoder_input_ids.to(device)
+        return TextBatch(self.prompts, self.input_ids.to(device), self.attention_mask.to(device), self.lengths, decoder)
 
 
 def load_tokenizer(
@@ -61,6 +73,13 @@ def load_tokenizer(
     path = Path(str(tokenizer)).expanduser()
     if not path.exists():
         raise ConfigError(f"{where}: {str(path)!r} does not exist; give a tokenizer directory or a tokenizer.json file")
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        vision = (path / "preprocessor_config.json").is_file()
+        raise ConfigError(
+            f"{where}: {str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); give"
+            f" {where.split(' ')[0]}=DIR_OR_TOKENIZER_JSON"
+            + (", or an image input for this vision model (+input=file input.path=IMAGE.png)" if vision else "")
+        )
     try:
         if path.is_file():
             if path.suffix != ".json":

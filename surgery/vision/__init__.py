@@ -1,0 +1,1 @@
+"""Vision models from Hugging Face directories: their saved image processor applied, an image input by default."""
