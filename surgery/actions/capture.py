@@ -19,7 +19,14 @@ from surgery.actions.base import (
     hook_on,
     input_position,
 )
-from surgery.actions.capture_hooks import item_of, output_hook, register_calls, stop_at_root, stop_hook
+from surgery.actions.capture_hooks import (
+    input_hook,
+    item_of,
+    output_hook,
+    register_calls,
+    stop_at_root,
+    stop_hook,
+)
 from surgery.actions.functions import capture_on, inside_step
 from surgery.core.callables import resolve_callable
 from surgery.core.ledger import Ledger
@@ -59,6 +66,9 @@ class Capture(Kind):
         checks = [(t, ShapeCheck(ctx.where, w, item_of(cfg, w), index, cfg.index, None, "")) for t in targets
                   for w in cfg.what if cfg.item is not None or index is not None]  # fmt: skip
 
+        plain_inputs = (want_input and not want_output and cfg.item is None and index is None and cfg.detach
+                        and not (cfg.clone or cfg.always))  # fmt: skip
+
         def apply(ledger: Ledger) -> None:
             if cfg.to == "disk":
                 ledger.streamed.add(action)
@@ -76,6 +86,9 @@ class Capture(Kind):
                 elif not want_input and cfg.item is None and index is None and not cfg.clone:
                     hook = output_hook(record, cfg.detach, cfg.keep == "last")  # as cheap as a hand-written hook
                     hook_on(ledger, target.module.register_forward_hook, hook, cfg)
+                elif plain_inputs:
+                    hook = input_hook(record, cfg.keep == "last")
+                    hook_on(ledger, target.module.register_forward_hook, hook, cfg, with_kwargs=True)
                 else:
                     register_calls(ledger, record, cfg, target, index, positions.get(id(target.module)))
                 if cfg.stop and target is targets[-1]:

@@ -57,6 +57,27 @@ def output_hook(record: Record, detach: bool, last: bool) -> Callable[..., None]
     return keep_all
 
 
+def input_hook(record: Record, last: bool) -> Callable[..., None]:
+    """A forward hook storing each call's inputs (and keyword inputs) detached, with their versions: ``what:
+    [input]`` with no ``item``, ``index``, ``clone`` or ``always``, as cheap as a hand-written hook."""
+    calls = record.calls
+
+    def keep(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if kwargs or not all(type(a) is torch.Tensor for a in args):
+            held, named = detached(args), detached(kwargs) if kwargs else None
+            stamps = stamps_of(held) + stamps_of(named or {})
+        else:  # the usual call: positional tensors only
+            held, named = tuple(a.detach() for a in args), None
+            stamps = tuple((t, v) for t in held if (v := version_of(t)) is not None)
+        call = Call(input=held, kwargs=named, stamps=stamps)
+        if last:
+            calls[:] = [call]
+        else:
+            calls.append(call)
+
+    return keep
+
+
 def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool) -> Any:
     """What a record keeps of an input/output: ``item``, then ``index`` (a copy: the rest is not held)."""
     if item is not None:
