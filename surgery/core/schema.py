@@ -8,7 +8,6 @@ turns every problem into one ``ConfigError`` that names ``WHERE.KEY``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import types
@@ -157,10 +156,16 @@ def _at(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+@functools.cache
+def _fields_of(schema: type) -> tuple[dict[str, dataclasses.Field], list[str]]:
+    """A schema's fields by name and its keys as written in YAML, sorted: read once per schema."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    return fields, sorted(yaml_key(f) for f in fields)
+
+
 def check_keys(schema: type, node: dict, where: str) -> None:
     """Refuse keys the schema does not have, with a did-you-mean; recurse into nested schemas."""
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    keys = sorted(yaml_key(f) for f in fields)
+    fields, keys = _fields_of(schema)
     for key, value in node.items():
         if field_name(str(key)) not in fields:
             raise ConfigError(
@@ -176,13 +181,11 @@ def check_keys(schema: type, node: dict, where: str) -> None:
 
 def check_containers(schema: type, node: dict, where: str) -> None:
     """A list or mapping field given something else gets a message in the user's words, not OmegaConf's."""
-    hints = _field_types(schema)
+    containers = _containers(schema)
     for name, value in node.items():
         if value is None:
             continue
-        hint = hints[name][0]
-        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-        kinds = {typing.get_origin(t) or t for t in options}
+        kinds = containers[name]
         if list in kinds and not isinstance(value, list):
             raise ConfigError(f"{_at(where, yaml_key(name))}: must be a list, e.g. [{value}], got {value!r}")
         if dict in kinds and not isinstance(value, dict):
@@ -204,6 +207,25 @@ def python_objects(schema: type, node: dict, where: str) -> dict[str, Any]:
                 f"{_at(where, yaml_key(name))}: a Python {type(value).__name__} is not a config value{here}"
             )
     return found
+
+
+@functools.cache
+def _containers(schema: type) -> dict[str, set[Any]]:
+    """Each field's outer types (``list``, ``dict``, ``str`` ...), its Union's options taken apart: read once."""
+    found = {}
+    for name, (hint, _) in _field_types(schema).items():
+        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        found[name] = {typing.get_origin(t) or t for t in options}
+    return found
+
+
+def _json_copy(value: Any) -> Any:
+    """A copy of JSON-like data (what ``_plain_fit`` accepted): lists and dicts anew, scalars as they are."""
+    if type(value) is list:
+        return [_json_copy(v) for v in value]
+    if type(value) is dict:
+        return {k: _json_copy(v) for k, v in value.items()}
+    return value
 
 
 @functools.cache
@@ -280,7 +302,7 @@ def validate(schema: type, node: Any, where: str) -> Any:
     check_containers(schema, node, where)
     try:
         if not objects and _plain_fit(schema, node):  # every value already its field's type: no OmegaConf needed
-            return schema(**copy.deepcopy(node))
+            return schema(**_json_copy(node))
         merged = OmegaConf.merge(structured(schema), node)  # merge copies the template: it is never changed
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
