@@ -161,18 +161,22 @@ def estimate(edit: Edit, main: dict[Key, torch.Tensor], grad: dict[Key, torch.Te
 def attribute_batch(
     model: nn.Module, sites: dict[Key, Site], edits: list[list[Edit]], run: Callable[[], Any],
     run_source: Callable[[], Any] | None, score: Callable[[Any], torch.Tensor], steps: int | None,
+    outputs: dict[str, Any] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Each cell's estimate of ``metric(cell) - metric(unmodified)`` per example: ``[cells, examples]``.
 
     ``run`` and ``run_source`` run the model on the batch and on its source; ``score`` maps the
-    model's output to the metric per example (differentiably).
+    model's output to the metric per example (differentiably); its first call scores the unmodified
+    run. ``outputs`` (when given) receives the source run's output as ``"source"``.
     """
     source: dict[Key, torch.Tensor] = {}
     if run_source is not None:
         handles = record(sites, source)
         try:
             with torch.no_grad():
-                run_source()
+                output = run_source()
+                if outputs is not None:
+                    outputs["source"] = output
         finally:
             for handle in handles:
                 handle.remove()

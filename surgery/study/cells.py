@@ -75,6 +75,9 @@ class Run:
         batch, y = self.data.rows(rows.start, rows.stop), None if self.labels is None else self.labels[rows]
         clean = self.source.rows(rows.start, rows.stop) if self.source is not None else None
         pending = [g for g in self.groups if progress.pending(g, rows)]  # resume: only what is left
+        if self.attribution is not None and pending:  # its own passes give the baselines too
+            self._estimate(progress, rows, batch, clean, y, pending)
+            return
         k = self.k
         with torch.no_grad():
             reference = logits_of(batch.run(self.model))
@@ -86,9 +89,6 @@ class Run:
                 output = shared[1] if shared is not None else clean.run(self.model)
                 _score(self.bound, self.src_base, rows, logits_of(output), y, reference)
         if not pending:
-            return
-        if self.attribution is not None:
-            self._estimate(progress, rows, batch, clean, y, reference, pending)
             return
         with torch.no_grad():
             replicated = batch if k == 1 else batch.interleaved(k)
@@ -103,24 +103,38 @@ class Run:
 
     def _estimate(
         self, progress: Progress, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None,
-        reference: torch.Tensor, pending: list[list[int]],
+        pending: list[list[int]],
     ) -> None:  # fmt: skip
-        """Every cell's estimate on this batch: the unmodified value plus its attribution, per metric."""
+        """Every cell's estimate on this batch: the unmodified value plus its attribution, per metric.
+
+        The attribution's own forward of the unmodified model and of the source give both baselines, so
+        the batch runs no separate baseline passes.
+        """
         assert self.attribution is not None
         run_source = partial(clean.run, self.model) if clean is not None else None
-        for metric in self.bound:
+        for n, metric in enumerate(self.bound):
+            held: dict[str, Any] = {}
             estimates = attribute_batch(
                 self.model, self.attribution.sites, self.attribution.edits, partial(batch.run, self.model), run_source,
-                partial(_metric_of, metric, y, reference), self.attribution.steps,
+                partial(_scored, metric, y, held), self.attribution.steps, held,
             )  # fmt: skip
+            if n == 0:
+                reference = held["reference"]
+                _score(self.bound, self.base, rows, reference, y, reference)
+                if clean is not None:
+                    _score(self.bound, self.src_base, rows, logits_of(held["source"]).detach(), y, reference)
             base = self.base[metric.name][rows]  # float64 on the host, whatever device the model is on
             progress.values[metric.name][:, rows] = base + estimates.detach().to(base.device, base.dtype)
         for group in pending:
             progress.finished(group, rows)
 
 
-def _metric_of(metric: PerExample, labels: torch.Tensor | None, reference: torch.Tensor, output: Any) -> torch.Tensor:
-    return metric(logits_of(output), labels, reference)
+def _scored(metric: PerExample, labels: torch.Tensor | None, held: dict[str, Any], output: Any) -> torch.Tensor:
+    """The metric of ``output``; the first output scored is the unmodified run's, kept as the reference."""
+    logits = logits_of(output)
+    if "reference" not in held:
+        held["reference"] = logits.detach()
+    return metric(logits, labels, held["reference"])
 
 
 def _run_group(
