@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from scripts.bench.report.sections import startup_section
+from scripts.bench.report.sections import plan_section, startup_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
 Section = Callable[[dict[str, Any] | None], tuple[list[str], list[list[str]], list[str]]]
 # name → (section function, how its misses start)
 MERGEABLE: dict[str, tuple[Section, str]] = {
+    "plan": (plan_section, "plan at"),
     "startup": (startup_section, "CLI start-up"),
     "data": (data_section, "evaluate"),
     "lm": (lm_section, "generate:"),

@@ -65,6 +65,14 @@ def plan_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]
             f"plan at {at['modules']:,} modules: {at['plan_s']:.2f} s against a target of {data['target_s']} s;"
             f" the hand-written regex baseline alone takes {at['baseline_s']:.2f} s on this machine"
         )
+    if at is not None and "round_ratio" in at:
+        wanted = data["target_ratio"]
+        low, high = min(at["round_ratios"]), max(at["round_ratios"])
+        targets.append([f"`surgery.plan` / the hand-written walk plus regexes, 5 actions, {at['modules']:,} modules",
+                        f"≤ {wanted}", f"{at['round_ratio']:.3f} (rounds {low:.3f}–{high:.3f})",
+                        yes(data["ratio_met"])])  # fmt: skip
+        if not data["ratio_met"]:
+            misses.append(f"plan at {at['modules']:,} modules: {at['round_ratio']:.3f}× the hand-written walk")
     if "linear" in data:
         to = data["linear_to"]
         reached = largest["modules"] >= to
