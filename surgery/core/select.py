@@ -159,7 +159,7 @@ class ModuleIndex:
     def _targets_at(self, rows: Iterable[int]) -> list[Target]:
         """``[self.target(i) for i in rows]`` without a call per row (a selection can be most of 100k modules)."""
         made, names, real_names, modules = self._targets, self.names, self.real_names, self.modules
-        out = []
+        out: list[Target] = []
         add = out.append
         for i in rows:
             found = made.get(i)
