@@ -47,6 +47,17 @@ def child_env() -> dict[str, str]:
     return {**cli_env(), "OMP_NUM_THREADS": "1"}
 
 
+def what_it_printed(stdout: str) -> str:
+    """The job's headline: its before → after line, else (a plan) the first row of its plan table."""
+    lines = stdout.strip().splitlines()
+    headline = [line for line in lines if "→" in line]
+    if headline:
+        return headline[-1].split(";")[0]
+    rows = lines[lines.index(next(x for x in lines if x.startswith("---"))) + 1 :] if any(
+        x.startswith("---") for x in lines) else lines  # fmt: skip
+    return " ".join(rows[0].split()[:5]) + " …" if rows else ""
+
+
 def commands(directory: str) -> dict[str, list[str]]:
     """Every timed command: the jobs, then the floors."""
     py = sys.executable
@@ -82,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 walls[name].append(run.wall_s)
                 cpus[name].append(run.cpu_s)
                 if name in JOBS:
-                    printed[name] = run.stdout.strip().splitlines()[-1]
+                    printed[name] = what_it_printed(run.stdout)
         imports = import_times(timed[MAIN], 12)
     wall = {k: statistics.median(v) for k, v in walls.items()}
     cpu = {k: statistics.median(v) for k, v in cpus.items()}
