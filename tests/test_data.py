@@ -58,6 +58,36 @@ def test_digits_split_is_fixed_and_disjoint() -> None:
     assert float(test.tensors[0].max()) == 1.0 and float(test.tensors[0].min()) == 0.0
 
 
+def test_digits_read_from_sklearns_file_equal_load_digits_without_importing_sklearn() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from surgery.data.sources import bundled_digits; x, y = bundled_digits();"
+        " print(x.shape[0], sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert run.stdout.split() == ["1797", "[]"]  # scikit-learn located, its file read, the package never imported
+    from sklearn.datasets import load_digits
+
+    from surgery.data.sources import bundled_digits
+
+    x, y = bundled_digits()
+    data = load_digits()
+    assert torch.equal(x, torch.from_numpy(data.images).float().div_(16.0)[:, None])
+    assert torch.equal(y, torch.from_numpy(data.target).long())
+
+
+def test_digits_fall_back_to_load_digits_when_the_file_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.data import sources
+
+    x, y = sources.bundled_digits()
+    monkeypatch.setattr(sources, "DIGITS_FILE", ("datasets", "data", "no-such-file.csv.gz"))
+    fallback = sources.bundled_digits()
+    assert torch.equal(fallback[0], x) and torch.equal(fallback[1], y)
+
+
 def test_digits_are_resized_like_interpolate() -> None:
     small = digits("test", (1, 8, 8)).tensors[0]
     big = digits("test", (3, 28, 28)).tensors[0]

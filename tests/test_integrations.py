@@ -398,3 +398,11 @@ def test_trainer_refuses_added_parameters_across_processes() -> None:
             args, transformers.TrainerState(), transformers.TrainerControl(), model=model, optimizer=optimizer
         )
     assert hooks_of(model) == before and callback.surgery is not None and not callback.surgery.active
+
+
+def test_state_key_is_made_once_and_names_the_recipe_and_stage() -> None:
+    from surgery.integrations.lightning import SurgeryCallback
+
+    a, b = SurgeryCallback({"f": {"kind": "freeze", "select": "net.0"}}), SurgeryCallback("clip_grads", stage="test")
+    assert a.state_key is a.state_key  # Lightning reads it around every callback hook: one string, not one a call
+    assert a.state_key != b.state_key and "clip_grads" in b.state_key and "'test'" in b.state_key

@@ -170,6 +170,15 @@ def _guard_composed(load: Any) -> Any:
         from_shell: bool = True,
         validate_sweep_overrides: bool = True,
     ) -> DictConfig:
+        ready = vars(self).pop("_surgery_composed", None)  # only ever for the very next composition
+        if ready is not None and ready[0] == (
+            config_name,
+            list(overrides),
+            run_mode,
+            from_shell,
+            validate_sweep_overrides,
+        ):
+            return ready[1]  # composed and checked by get_mode just now, for this same request
         _searchpath_first(self, load, config_name, list(overrides), run_mode)
         config = load(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
         try:
@@ -181,6 +190,40 @@ def _guard_composed(load: Any) -> Any:
         return config
 
     return load_configuration
+
+
+def _guard_get_mode(get_mode: Any) -> Any:
+    """Wrap ``Hydra.get_mode`` so that a plain run composes its config once, not twice.
+
+    Hydra composes the whole config (as a sweep) only to read ``hydra.mode``, then composes it again
+    to run. Here the run's own composition is made first, with the checks, and ``hydra.mode`` read
+    from it; when the run goes ahead as a run, Hydra's second request gets that config (the
+    ``hydra.mode=RUN`` override Hydra then adds is applied to it as Hydra would). Where the run's
+    composition fails (sweep values without ``-m``, a missing option), Hydra's own ``get_mode`` decides,
+    and the error is Hydra's, reported where it reports it.
+    """
+
+    def guarded_get_mode(self: Any, config_name: Any, overrides: list[str]) -> Any:
+        from hydra.types import RunMode
+
+        loader = self.config_loader
+        try:
+            config = loader.load_configuration(config_name, list(overrides), RunMode.RUN)
+            mode = config.hydra.mode
+        except Exception:  # noqa: BLE001 - Hydra's own get_mode and run say what is wrong, as before
+            return get_mode(self, config_name, overrides)
+        if mode == RunMode.MULTIRUN:
+            return mode
+        expected = list(overrides)
+        if mode is None:  # Hydra's _run_app then runs with hydra.mode=RUN appended: apply it here as Hydra would
+            expected.append("hydra.mode=RUN")
+            config.hydra.mode = RunMode.RUN
+            config.hydra.overrides.hydra.append("hydra.mode=RUN")
+        vars(loader)["_surgery_composed"] = ((config_name, expected, RunMode.RUN, True, True), config)
+        return mode
+
+    guarded_get_mode.surgery_original = get_mode  # type: ignore[attr-defined]  # tests compare with Hydra's own
+    return guarded_get_mode
 
 
 def _known_keys(cfg: DictConfig, parent: str) -> list[str] | None:
@@ -343,6 +386,9 @@ def install() -> None:
     apply = _patch_overrides(ConfigLoaderImpl._apply_overrides_to_config)
     ConfigLoaderImpl._apply_overrides_to_config = apply  # type: ignore[method-assign]
     hydra_utils.run_and_report = _translating(hydra_utils.run_and_report)
+    from hydra._internal.hydra import Hydra
+
+    Hydra.get_mode = _guard_get_mode(Hydra.get_mode)  # type: ignore[method-assign]
     import hydra._internal.hydra as hydra_main
     import hydra.core.utils as hydra_core
 

@@ -87,7 +87,9 @@ class Running:
                 self.count += x.shape[0]
             return
         n, mean = x.shape[0], x.mean(0)
-        m2, low, high = ((x - mean) ** 2).sum(0), x.amin(0), x.amax(0)
+        deviations = x - mean
+        m2 = deviations.mul_(deviations).sum(0)  # the values of ((x - mean) ** 2).sum(0), one tensor fewer
+        low, high = torch.aminmax(x, dim=0)  # amin and amax in one pass
         with self._lock:  # read-modify-write of five fields: two threads merging at once would lose one's update
             self._merge(n, mean, m2, low, high)
 

@@ -133,7 +133,7 @@ class ModuleIndex:
 
     def targets(self) -> list[Target]:
         """Every module as a Target, in order."""
-        return [self.target(i) for i in range(len(self.names))]
+        return self._targets_at(range(len(self.names)))
 
     def select(
         self, select: Sequence[str] | None, types: Sequence[str] | None, exclude: Sequence[str] | None, where: str
@@ -154,7 +154,19 @@ class ModuleIndex:
                 rows = [i for i in rows if verdict[self.classes[i]]]
         if exclude:
             rows = [i for i in rows if not excluded(self.names[i])]
-        return [self.target(i) for i in rows]
+        return self._targets_at(rows)
+
+    def _targets_at(self, rows: Iterable[int]) -> list[Target]:
+        """``[self.target(i) for i in rows]`` without a call per row (a selection can be most of 100k modules)."""
+        made, names, real_names, modules = self._targets, self.names, self.real_names, self.modules
+        out: list[Target] = []
+        add = out.append
+        for i in rows:
+            found = made.get(i)
+            if found is None:
+                found = made[i] = Target(names[i], real_names[i], modules[i])
+            add(found)
+        return out
 
 
 def module_targets(model: nn.Module) -> list[Target]:

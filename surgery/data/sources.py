@@ -1,4 +1,4 @@
-"""Data sets a run can read: scikit-learn's bundled digits, and local files or folders.
+"""Data sets a run can read: scikit-learn's bundled digits (read without importing it), and local files or folders.
 
 Every source is a ``torch.utils.data.Dataset`` of ``(x, y)`` pairs read lazily where the format
 allows it (image folders, .safetensors, ``datasets`` directories), so a DataLoader streams them
@@ -10,6 +10,8 @@ checked before it is read (``surgery/files``), a batch's decoded size is checked
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,18 +40,40 @@ TEST_SHARE = 0.2
 IMAGE_SUFFIXES = (".png",)
 
 
+DIGITS_FILE = ("datasets", "data", "digits.csv.gz")  # inside the sklearn package; 1797 rows of 64 pixels + label
+
+
+def bundled_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's bundled digits as ``[1797, 1, 8, 8]`` floats in [0, 1] and int64 labels, read from its file.
+
+    The package is located (``find_spec``) but not imported: importing scikit-learn loads SciPy and
+    takes longer than the rest of a run. Without the file where it is expected (another layout), the
+    data come from ``sklearn.datasets.load_digits()``; both give the same tensors.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise ConfigError("input.source: digits needs scikit-learn; pip install scikit-learn")
+    for folder in spec.submodule_search_locations or []:
+        path = Path(folder).joinpath(*DIGITS_FILE)
+        if path.is_file():
+            import numpy as np  # already loaded by torch
+
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                rows = torch.from_numpy(np.loadtxt(f, delimiter=","))  # what load_digits runs on the same file
+            return rows[:, :-1].float().div_(16.0).reshape(-1, 1, 8, 8), rows[:, -1].long()
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.from_numpy(data.images).float().div_(16.0)[:, None]  # pixel values are 0..16
+    return x, torch.from_numpy(data.target).long()
+
+
 def digits(split: str, image_shape: Sequence[int]) -> TensorDataset:
     """scikit-learn's 1797 bundled 8×8 digits as [C, H, W] floats in [0, 1] resized to ``image_shape``; labels 0-9.
 
     The train/test split is a fixed permutation (seed ``SPLIT_SEED``): 359 test and 1438 train examples.
     """
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ConfigError("input.source: digits needs scikit-learn; pip install scikit-learn") from None
-    data = load_digits()
-    x = torch.from_numpy(data.images).float().div_(16.0)[:, None]  # [N, 1, 8, 8]; pixel values are 0..16
-    y = torch.from_numpy(data.target).long()
+    x, y = bundled_digits()
     if len(image_shape) != 3:
         raise ConfigError(
             f"input.source: digits are images; the model's input shape must be [batch, channels, height, width],"

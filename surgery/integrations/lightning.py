@@ -42,11 +42,17 @@ class SurgeryCallback(Callback):
         self._run = TrainingSurgery(actions, "SurgeryCallback")
         self._trainer: Trainer | None = None
         self._batches = 0
+        self._state_key: str | None = None
 
     @property
     def state_key(self) -> str:
-        """Two SurgeryCallbacks with different recipes may share a Trainer."""
-        return self._generate_state_key(actions=repr(self._run.actions), stage=self.stage)
+        """Two SurgeryCallbacks with different recipes may share a Trainer.
+
+        Made once: Lightning reads it around every callback hook it calls (over a hundred times a fit).
+        """
+        if self._state_key is None:
+            self._state_key = self._generate_state_key(actions=repr(self._run.actions), stage=self.stage)
+        return self._state_key
 
     @property
     def surgery(self) -> Surgery | None:

@@ -14,11 +14,14 @@ from typing import Any
 
 from scripts.bench.report.attribution import attribution_section
 from scripts.bench.report.gpu import gpu_section
+from scripts.bench.report.sections import plan_section, startup_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
 Section = Callable[[dict[str, Any] | None], tuple[list[str], list[list[str]], list[str]]]
 # name → (section function, how its misses start)
 MERGEABLE: dict[str, tuple[Section, str]] = {
+    "plan": (plan_section, "plan at"),
+    "startup": (startup_section, "CLI start-up"),
     "data": (data_section, "evaluate"),
     "lm": (lm_section, "generate:"),
     "training": (training_section, "training:"),
