@@ -23,11 +23,11 @@ CONTEXT, BATCH = 128, 8
 def harvest_vs_forward(model: Any, quick: bool) -> dict[str, Any]:
     """Tokens/s of harvest (one site and every block) and of the bare forward on the same rows; their ratios."""
     import torch
-
-    from scripts.bench.harvest import make_corpus, word_tokenizer
     from surgery.harvest import harvest_corpus
     from surgery.harvest.config import TextDatasetInput
     from surgery.harvest.corpus import TextCorpus, packed_rows
+
+    from scripts.bench.harvest import make_corpus, word_tokenizer
 
     tokens = BATCH * CONTEXT * (10 if quick else 60)
     scratch = Path(tempfile.mkdtemp(prefix="harvest-gpu-"))
