@@ -205,6 +205,11 @@ def python_objects(schema: type, node: dict, where: str) -> dict[str, Any]:
     return found
 
 
+def _fields_of(node: dict) -> dict:
+    """A nested mapping's keys as field names too (``init: {from: ...}`` → ``from_``); other mappings unchanged."""
+    return {field_name(k) if k == "from" else k: v for k, v in node.items()}
+
+
 @functools.cache
 def _field_types(schema: type) -> dict[str, tuple[Any, bool]]:
     """Each field's type hint and whether it is required (no default), read once per schema."""
@@ -273,7 +278,7 @@ def validate(schema: type, node: Any, where: str) -> Any:
     if not isinstance(node, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(node).__name__} {node!r}")
     check_keys(schema, node, where)
-    node = {field_name(str(k)): v for k, v in node.items()}
+    node = {field_name(str(k)): _fields_of(v) if isinstance(v, dict) else v for k, v in node.items()}
     objects = python_objects(schema, node, where)
     node = {**node, **{name: PLACEHOLDERS[name] for name in objects}}
     check_containers(schema, node, where)
