@@ -318,6 +318,16 @@ def test_the_cli_splices_captures_features_and_refuses_bad_widths(tmp_path: Path
     captures = load_file(str(only_run_dir(tmp_path) / "captures.safetensors"))
     assert [k for k in captures if k.startswith("sae/")] == ["sae/layers.0.fc/features"]
     assert captures["sae/layers.0.fc/features"].shape == (4, 24)
+    recipe.write_text(
+        "sae: {kind: splice, select: layers.0.fc, module: {path: sae.safetensors}, capture: true, features_top: 3,"
+        " to: disk}\n"
+    )
+    streamed = cli("+model=mlp", "+actions=sae", "hydra.run.dir=streamed", "--config-dir", str(tmp_path / "conf"),
+                   cwd=tmp_path)  # fmt: skip
+    assert streamed.returncode == 0, streamed.stderr
+    shard = load_file(str(tmp_path / "streamed" / "captures" / "batch-00000.safetensors"))
+    assert sorted(shard) == ["sae/layers.0.fc/features.indices", "sae/layers.0.fc/features.values"]
+    assert shard["sae/layers.0.fc/features.values"].shape == (4, 3)
     recipe.write_text("sae: {kind: splice, select: head, read: input, module: {path: sae.safetensors}}\n")
     bad = cli("+model=mlp", "+actions=sae", "--config-dir", str(tmp_path / "conf"), cwd=tmp_path)
     assert bad.returncode == 2
