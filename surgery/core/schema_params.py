@@ -32,7 +32,7 @@ INIT_KEYS = {  # the methods that use each optional key of InitSpec
 class InitSpec:
     """How to fill a tensor: ``method`` and that method's arguments."""
 
-    method: str | None = None  # how to fill: see the methods listed below (or from)
+    method: str | None = None  # how to fill: the methods below, or from (add_parameter/add_buffer: zeros if neither)
     value: float | None = None  # constant
     mean: float | None = None  # normal, trunc_normal (default 0)
     std: float | None = None  # normal, trunc_normal (default 1)
