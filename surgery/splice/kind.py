@@ -194,6 +194,9 @@ def _register(ledger: Ledger, cfg: Any, target: Target, spliced: Callable, actio
 
     def hook(m: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         try:
+            if from_input and not (args and isinstance(args[0], torch.Tensor)):
+                got = "no positional input" if not args else f"a {type(args[0]).__name__} as its first input"
+                raise KeyedError("read", f"the module got {got}; read: input encodes a tensor passed by position")
             if type(output) is torch.Tensor:
                 return spliced(args[0] if from_input else output, output)
             if item is None:

@@ -89,7 +89,8 @@ def width_watch(by_module: dict[int, SpliceWeights], cfg: Any, where: str) -> Wa
         seen: dict[str, Any] = {}
 
         def hook(m: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            seen.setdefault("input", args[cfg.item or 0] if cfg.at == "input" else (args[0] if args else None))
+            at = (cfg.item or 0) if cfg.at == "input" else 0
+            seen.setdefault("input", args[at] if len(args) > at else None)  # by keyword: checked when the hook runs
             seen.setdefault("output", output)
 
         handle = target.module.register_forward_hook(hook)
