@@ -166,3 +166,20 @@ def test_an_interrupted_lightning_fit_still_saves_the_added_tensors(tmp_path: Pa
     callback.on_exception(trainer, model, KeyboardInterrupt())  # type: ignore[arg-type]
     assert sorted(load_file(str(path))) == ["0.lora_A", "0.lora_B", "2.lora_A", "2.lora_B"]
     assert not hasattr(model[0], "lora_A")
+
+
+def test_the_cli_refuses_a_key_missing_from_an_init_file_with_exit_2(tmp_path: Path) -> None:
+    from tests.test_cli import cli
+
+    save_file({"other": torch.ones(3)}, str(tmp_path / "w.safetensors"))
+    (tmp_path / "conf" / "actions").mkdir(parents=True)
+    (tmp_path / "conf" / "actions" / "load.yaml").write_text(
+        "w: {kind: init, select: head, param: weight, from: {file: w.safetensors}}\n"
+    )
+    result = cli("+model=mlp", "+actions=load", "--config-dir", str(tmp_path / "conf"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: actions.w.from.key: 'head.weight' (the default key: the filled tensor's full name) is not in"
+        " 'w.safetensors'. Its keys: other"
+    )
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").glob("*/*/report.json"))
