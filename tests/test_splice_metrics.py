@@ -76,3 +76,26 @@ def test_metrics_per_site_for_one_sae_per_block_and_refusals(tiny_lm: Any, tmp_p
         splice_metrics(model, {"saes": {**splice, "error_term": True}}, [clean])
     with pytest.raises(ConfigError, match=r"^metrics: 'l1' is not a splice metric"):
         splice_metrics(model, {"saes": splice}, [clean], metrics=["l1"])
+
+
+def test_the_cli_reports_splice_metrics_beside_the_logit_metrics(tmp_path: Path) -> None:
+    import json
+
+    from tests.splice_helpers import write_saelens
+    from tests.test_cli import cli, only_run_dir
+
+    write_saelens(tmp_path / "my_sae", sae_tensors(32, 64))
+    (tmp_path / "conf" / "actions").mkdir(parents=True)
+    (tmp_path / "conf" / "actions" / "sae.yaml").write_text(
+        "sae: {kind: splice, select: transformer.h.1, module: {path: my_sae}}\n"
+    )
+    result = cli("+model=gpt2_tiny", "+actions=sae", "metrics=[l0,ce_loss_recovered,kl]", "--config-dir",
+                 str(tmp_path / "conf"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((only_run_dir(tmp_path) / "report.json").read_text())
+    found = report["splice_metrics"]
+    assert sorted(found) == ["ce_clean", "ce_loss_recovered", "ce_splice", "ce_zero", "l0"]
+    assert list(found["l0"]) == ["sae/transformer.h.1"] and 0 < found["l0"]["sae/transformer.h.1"] < 64
+    c, s, z = found["ce_clean"], found["ce_splice"], found["ce_zero"]
+    assert found["ce_loss_recovered"] == pytest.approx(1 - (s - c) / (z - c), rel=1e-12)
+    assert list(report["metrics"]["surgered"]) == ["kl"]
