@@ -5,8 +5,10 @@ PyTorch, bit for bit → remove → the model equals a full independent snapshot
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,9 @@ from torch import nn
 
 import surgery
 from surgery.actions import KINDS
+from surgery.files.tensors import read_tensors
 from tests.conftest import Snapshot, TinyNet
+from tests.splice_helpers import hand_decode, hand_encode, sae_tensors, write_plain
 
 
 class MLP(nn.Module):
@@ -128,13 +132,27 @@ def config(case: str, m: Model) -> dict[str, Any]:
         "log": {"kind": "log", "select": m.lin},
         "replace_module": {"kind": "replace_module", "select": m.act, "with": {"_target_": "torch.nn.Tanh"}},
         "on_load": {"kind": "on_load", "rename": {"old.*": f"{m.lin}.*"}},
+        "splice": {"kind": "splice", "select": m.lin, "module": {"path": sae_for(m)}, "capture": True,
+                   "features": {"index": [0], "op": "mul", "value": 2.0}},
     }[case]  # fmt: skip
+
+
+_SAE_DIR = Path(tempfile.mkdtemp(prefix="surgery-contract-sae-"))
+
+
+def sae_for(m: Model) -> str:
+    """A plain .safetensors SAE as wide as ``m.lin``'s output (written once per width, for the splice case)."""
+    width = m.build().get_submodule(m.lin).out_features
+    path = _SAE_DIR / f"sae{width}.safetensors"
+    if not path.exists():
+        write_plain(path, sae_tensors(width, 2 * width))
+    return str(path)
 
 
 CASE_NAMES = [
     "init", "add_parameter", "add_buffer", "freeze", "unfreeze", "replace_forward", "modify_output", "modify_input",
     "capture", "capture/output", "capture_grad", "capture_grad/param", "modify_grad", "modify_grad/param", "log",
-    "replace_module", "on_load",
+    "replace_module", "on_load", "splice",
 ]  # fmt: skip
 CASES = {case: config(case, MODELS["cnn"]) for case in CASE_NAMES}  # the TinyNet table (test_faults uses it)
 
@@ -227,6 +245,20 @@ def effect_modify_output(model, ref, x, m, s, capsys) -> None:
 
     ref.get_submodule(m.lin).register_forward_hook(half)
     assert_runs_equal(run(model, x), run(ref, x))
+
+
+def effect_splice(model, ref, x, m, s, capsys) -> None:
+    t = read_tensors(Path(sae_for(m)), "sae")
+
+    def spliced(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        f, _ = hand_encode(t, output)
+        f2 = f.clone()
+        f2[..., 0] = f[..., 0] * 2.0
+        return hand_decode(t, f2)
+
+    ref.get_submodule(m.lin).register_forward_hook(spliced)
+    assert_runs_equal(run(model, x), run(ref, x))
+    assert s.captures["act"][m.lin].features.shape[-1] == 2 * t["W_enc"].shape[0]
 
 
 def effect_modify_input(model, ref, x, m, s, capsys) -> None:
@@ -338,6 +370,7 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "log": effect_log,
     "replace_module": effect_replace_module,
     "on_load": effect_on_load,
+    "splice": effect_splice,
 }
 
 

@@ -133,7 +133,8 @@ def kinds() -> list[str]:
             raise ValueError(f"action kind {name!r} ({kind.__qualname__}) has no docstring")
         rows = field_rows(kind.schema, skip=common)
         lines += [f"### `{name}`", "", first_paragraph(kind.__doc__), ""]
-        lines += [f"Mechanism: {kind.mechanism}. Schema: `surgery.core.schema.{kind.schema.__name__}`.", ""]
+        home = "surgery.core.schema" if hasattr(schema, kind.schema.__name__) else kind.schema.__module__
+        lines += [f"Mechanism: {kind.mechanism}. Schema: `{home}.{kind.schema.__name__}`.", ""]
         lines += [*table(["key", "type", "default", "meaning"], rows), ""] if rows else ["No keys of its own.", ""]
         if kind.choices is not None:  # the kind's own trait: its key with a closed set of values
             key, values = kind.choices

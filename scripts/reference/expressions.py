@@ -125,6 +125,35 @@ def expression_grammar() -> list[str]:
     ]
 
 
+def expression_bindings() -> list[str]:
+    """Naming intermediates: ``NAME = expression; ...; result``."""
+    return [
+        "## Naming intermediates",
+        "",
+        "An expression may name intermediate values before its result: bindings `NAME = expression`,",
+        "separated by `;` or new lines, then the result. An SAE with its error term names the",
+        "features and the reconstruction once instead of writing the formula twice:",
+        "",
+        "```",
+        "f = relu((output - module.b_dec) @ module.W_enc + module.b_enc); r = f @ module.W_dec + module.b_dec;"
+        " r + (output - r)",
+        "```",
+        "",
+        "Each bound expression is checked like any expression, and may use the names bound before it;",
+        "the work bounds above count every binding of an evaluation together, and a result that may be",
+        "the module's own tensor (`w = module.weight; w`) is copied as always. Refused, each naming the",
+        "binding: a name of the language (a variable such as `x`, or a function such as `relu`), a name",
+        "starting with `_`, a name bound twice or never used, anything before the result that is not",
+        "`NAME = expression` (`a += x`, `x.y = 1`, `a, b = ...`, statements), and a text that ends with",
+        "a binding:",
+        "",
+        "```",
+        refusal(expr.compile_expr, "a = x; b = x; a", "actions.act.expr"),
+        "```",
+        "",
+    ]
+
+
 def expression_allowlists() -> list[str]:
     """The functions, tensor methods and tensor attributes, straight from surgery.expr.check."""
     rows = [[f"`{name}`", torch_name(function)] for name, function in sorted(expr.FUNCTIONS.items())]
@@ -269,5 +298,6 @@ def render_expressions() -> str:
         "",
         *expression_bounds(),
     ]
-    body = expression_places() + expression_grammar() + expression_allowlists() + index_language()
+    body = expression_places() + expression_grammar() + expression_bindings() + expression_allowlists()
+    body += index_language()
     return "\n".join(header + body + worked_examples()).rstrip() + "\n"

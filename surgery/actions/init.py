@@ -21,6 +21,7 @@ from surgery.actions.base import (
     tensors_named,
     tensors_of,
 )
+from surgery.actions.from_file import FileSource, copier
 from surgery.actions.sharded import fill_whole, is_dtensor, refuse_on_fsdp1
 from surgery.core.ledger import Ledger
 from surgery.core.schema import INIT_METHODS, InitAction, InitSpec
@@ -93,8 +94,16 @@ class Init(Kind):
         """Resolve the parameters and check the method fits each one."""
         found = tensors_of(targets, cfg.param, ctx, allow_empty=cfg.allow_empty)
         refuse_on_fsdp1(modules_of(found), ctx.root, f"{ctx.where}.param", "init")
+        source = FileSource(cfg.from_, f"{ctx.where}.from") if cfg.from_ is not None else None
+        fills: dict[tuple[int, str], Any] = {}
         for target, pname, spec in found:
-            check_fits(cfg, spec.shape, spec.dtype, f"{ctx.where}.method ({full_name(target, pname)})")
+            name = full_name(target, pname)
+            if source is not None:
+                tensor = source.tensor(name, target.name)
+                source.check(tensor, f"the key for {name}", spec.shape, spec.dtype)
+                fills[(id(target.module), pname)] = copier(tensor)
+            else:
+                check_fits(cfg, spec.shape, spec.dtype, f"{ctx.where}.method ({name})")
         by_module: dict[int, list[str]] = {}
         for target, pname, _ in found:
             by_module.setdefault(id(target.module), []).append(pname)
@@ -111,7 +120,7 @@ class Init(Kind):
                     tensor = tensor_named(module, pname)
                     if tensor.device not in generators:
                         generators[tensor.device] = generator_for(seed, action, tensor.device)
-                    fill = partial(fill_, spec=cfg, gen=generators[tensor.device])
+                    fill = fills.get((id(module), pname)) or partial(fill_, spec=cfg, gen=generators[tensor.device])
                     ledger.overwrite(tensor, partial(fill_whole, fill=fill) if is_dtensor(tensor) else fill)
 
             with torch.no_grad():

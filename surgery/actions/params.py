@@ -24,6 +24,7 @@ from surgery.actions.base import (
     tensors_named,
     tensors_of,
 )
+from surgery.actions.from_file import FileSource, copier
 from surgery.actions.init import check_fits, fill_
 from surgery.actions.sharded import DDP_ADVICE, is_dtensor
 from surgery.core.ledger import Ledger
@@ -78,10 +79,13 @@ class AddTensor(Kind):
 
     mechanism = APPLY_PASS
     tensor_kind = "parameters"
+    adds = True
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check the name is free and the shape and init fit, for every module."""
         plans: dict[int, tuple[Target, tuple[int, ...], torch.dtype, torch.device]] = {}
+        source = FileSource(cfg.init.from_, f"{ctx.where}.init.from") if cfg.init.from_ is not None else None
+        fills: dict[int, Any] = {}
         for target in targets:
             module = target.module
             taken = ctx.added.get(id(module), {})
@@ -96,15 +100,22 @@ class AddTensor(Kind):
                     " FSDP shards, gathers or reduces, so ranks would train it apart; add it before fully_shard"
                 )
             dtype, device = _home(module, ctx.root)
+            loaded = source.tensor(full_name(target, cfg.name), target.name) if source is not None else None
             if cfg.like is not None:
                 like = _like(module, cfg.like, taken, target, ctx)
                 shape, dtype = like.shape, like.dtype
+            elif cfg.shape is None and loaded is not None:
+                shape = tuple(loaded.shape)
             else:
                 shape = tuple(cfg.shape)
                 size = math.prod(shape) * dtype.itemsize * len(targets)  # one per selected module, before any exists
                 check_memory(size, f"{ctx.where}.shape", f"{len(targets):,} × {list(shape)} {str(dtype)[6:]}")
                 _check_size(shape, dtype, device, ctx)
-            check_fits(cfg.init, shape, dtype, f"{ctx.where}.init.method ({full_name(target, cfg.name)})")
+            if source is not None and loaded is not None:
+                source.check(loaded, f"the key for {full_name(target, cfg.name)}", shape, dtype)
+                fills[id(module)] = copier(loaded)
+            else:
+                check_fits(cfg.init, shape, dtype, f"{ctx.where}.init.method ({full_name(target, cfg.name)})")
             plans[id(module)] = (target, shape, dtype, device)
             ctx.added.setdefault(id(module), {})[cfg.name] = TensorSpec(shape, dtype, self.tensor_kind)
         if cfg.like is not None:
@@ -125,7 +136,10 @@ class AddTensor(Kind):
                 if device not in generators:
                     generators[device] = generator_for(seed, action, device)
                 tensor = torch.empty(shape, dtype=dtype, device=device)
-                fill_(tensor, cfg.init, generators[device])
+                if id(module) in fills:
+                    fills[id(module)](tensor)
+                else:
+                    fill_(tensor, cfg.init, generators[device])
                 register(ledger, module, cfg, tensor)
 
             with torch.no_grad():

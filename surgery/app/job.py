@@ -206,6 +206,10 @@ def surgered_run(
     restored = fingerprint(model.state_dict()) == state_before  # and every value, bit for bit
     if not restored:
         raise RuntimeError("the model was not restored exactly after remove(); this is a bug in surgery")
+    if job.splice_metrics:  # the model as it was: splice_metrics applies the plan's splices itself
+        from surgery.app.splice_metrics import splice_report
+
+        splice_found = splice_report(model, job.plan, job.remake, job.splice_metrics, text)
     plan = [{**step, "hooks": hooks.get(step["action"], 0)} for step in job.plan.to_dict()]
     shards = sorted(p.name for p in (out_dir / "captures").glob("*.safetensors"))
     body = {
@@ -218,6 +222,7 @@ def surgered_run(
             "parameters_after": params_after,
         },
         "metrics": scoring.result() if scoring is not None else None,
+        **({"splice_metrics": splice_found} if job.splice_metrics else {}),
         "data": {
             "source": job.data.source,
             "examples": scoring.examples if scoring else job.data.examples,

@@ -24,6 +24,7 @@ from surgery.app.build import (
 )
 from surgery.app.interrupt import Interrupts
 from surgery.app.scoring import metric_names
+from surgery.app.splice_metrics import split_metrics
 from surgery.core.compiler import Plan, compile_plan, load_actions
 from surgery.core.limits import check_count
 from surgery.core.output import say
@@ -60,6 +61,8 @@ class Job:
     reached: Reached = field(default_factory=Reached)
     losses: list[float] = field(default_factory=list)  # with backward: the surgered model's loss, per batch
     loss_metric: Any = None  # loss: {logit_diff: ...}: the per-example metric the backward starts from
+    splice_metrics: tuple[str, ...] = ()  # l0, ... of the plan's splices, after the run (surgery/app/splice_metrics.py)
+    remake: Any = None  # makes the run's batches again (the splice metrics' own pass over them)
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
@@ -92,7 +95,8 @@ def prepare(cfg: DictConfig) -> Job | None:
     made_on = input_device(device)  # meta: drawn on cpu, batch 0 moved to meta for the probe (surgery/app/build.py)
     data = on_device(make_batches(spec, settings.seed, run_dtype(settings, model), made_on, model,
                                   cfg.model.get("path")), device)  # fmt: skip
-    metrics = metric_names(settings.metrics, data, settings.compare, model)
+    logit_metrics, splice_names = split_metrics(settings.metrics)
+    metrics = metric_names(logit_metrics, data, settings.compare, model)
     source = source_batches(cfg, settings, device, model, data)
     batches = data.count
     timings = {"build_s": time.perf_counter() - clock}
@@ -104,6 +108,10 @@ def prepare(cfg: DictConfig) -> Job | None:
     )  # fmt: skip
     timings["plan_s"] = time.perf_counter() - clock
     job = Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
+    if splice_names:
+        job.splice_metrics = splice_names
+        job.remake = lambda: on_device(make_batches(spec, settings.seed, getattr(torch, settings.dtype), made_on, model,
+                                                    cfg.model.get("path")), device)  # fmt: skip
     if isinstance(settings.loss, dict):  # its tokens resolved now, with the run's tokenizer: refused before running
         from surgery.study.metrics import per_example
 

@@ -50,6 +50,35 @@ class Surgery:
         """Hooks registered per action (while active)."""
         return dict(self._ledger.hook_count)
 
+    def added_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer this surgery added, by ``MODULE.NAME`` (detached, sharing their storage).
+
+        ``add_parameter ... init: {from: {file: PATH}}`` reads them back (its default key is ``MODULE.NAME``).
+        """
+        if not self.active:
+            raise ActionError("added_state_dict: this surgery was removed, and its added tensors with it")
+        found: dict[str, torch.Tensor] = {}
+        for step in self.plan.steps:
+            if not (step.enabled and step.traits.adds):
+                continue
+            for target, full in zip(step.targets, step.tensors):
+                module, name = target.module, step.config.name
+                tensor: torch.Tensor | None = module._parameters.get(name)
+                tensor = module._buffers.get(name) if tensor is None else tensor
+                if tensor is not None:
+                    found[full] = tensor.detach()
+        return found
+
+    def save_added(self, path: Any) -> None:
+        """Write ``added_state_dict()`` as a .safetensors file (atomically: a failed write leaves no file)."""
+        from pathlib import Path
+
+        from surgery.files.write import write_tensors
+
+        tensors = self.added_state_dict()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_tensors(Path(path), tensors, "save_added")
+
     def take_streamed(self) -> dict[str, torch.Tensor]:
         """The calls of ``to: disk`` captures since the last take, keyed ``ACTION/MODULE/WHAT[/CALL]``, then forgotten.
 

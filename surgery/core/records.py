@@ -25,6 +25,7 @@ class Call:
     grad_input: tuple[torch.Tensor | None, ...] | None = None
     grad_output: tuple[torch.Tensor | None, ...] | None = None
     grad: torch.Tensor | None = None
+    features: Any = None  # a splice's feature activations (or {values, indices} with features_top)
     stamps: tuple[tuple[torch.Tensor, int], ...] | None = None  # (recorded tensor, its version when recorded)
 
 
@@ -237,6 +238,11 @@ class Record:
         """The parameter's gradient in the last backward call (``capture_grad`` with ``param``)."""
         return self._last().grad
 
+    @property
+    def features(self) -> Any:
+        """A splice's features in the last call: ``[..., d_sae]``, or ``{values, indices}`` with ``features_top``."""
+        return self._last().features
+
     def __repr__(self) -> str:
         return f"Record({self.key!r}, calls={len(self.calls)})"
 
@@ -281,7 +287,7 @@ def flatten_captures(captures: dict[str, dict[str, Record]]) -> dict[str, torch.
             several = len(record.calls) > 1
             for i, call in enumerate(record.calls):
                 suffix = f"/{i}" if several else ""
-                for what in ("input", "kwargs", "output", "grad_input", "grad_output", "grad"):
+                for what in ("input", "kwargs", "output", "grad_input", "grad_output", "grad", "features"):
                     value = getattr(call, what)
                     what = "input" if what == "kwargs" else what
                     if isinstance(value, torch.Tensor):

@@ -209,6 +209,21 @@ def python_objects(schema: type, node: dict, where: str) -> dict[str, Any]:
     return found
 
 
+def _fields_of(node: Any) -> Any:
+    """A nested schema's keys as field names too (``init: {from: ...}`` → ``from_``)."""
+    return {field_name(str(k)): v for k, v in node.items()} if isinstance(node, dict) else node
+
+
+@functools.cache
+def _nested_schemas(schema: type) -> frozenset[str]:
+    """The fields of ``schema`` that are themselves schemas (``init``): their keys are renamed like the top's."""
+    found = set()
+    for f in dataclasses.fields(schema):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory()):
+            found.add(f.name)
+    return frozenset(found)
+
+
 @functools.cache
 def _containers(schema: type) -> dict[str, set[Any]]:
     """Each field's outer types (``list``, ``dict``, ``str`` ...), its Union's options taken apart: read once."""
@@ -296,7 +311,8 @@ def validate(schema: type, node: Any, where: str) -> Any:
     if not isinstance(node, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(node).__name__} {node!r}")
     check_keys(schema, node, where)
-    node = {field_name(str(k)): v for k, v in node.items()}
+    nested = _nested_schemas(schema)
+    node = {field_name(str(k)): _fields_of(v) if field_name(str(k)) in nested else v for k, v in node.items()}
     objects = python_objects(schema, node, where)
     node = {**node, **{name: PLACEHOLDERS[name] for name in objects}}
     check_containers(schema, node, where)

@@ -6,6 +6,7 @@ Split from ``surgery.core.schema_actions``; ``surgery.core.schema`` re-exports e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -31,7 +32,7 @@ INIT_KEYS = {  # the methods that use each optional key of InitSpec
 class InitSpec:
     """How to fill a tensor: ``method`` and that method's arguments."""
 
-    method: str = MISSING  # how to fill: see the methods listed below
+    method: str | None = None  # how to fill: the methods below, or from (add_parameter/add_buffer: zeros if neither)
     value: float | None = None  # constant
     mean: float | None = None  # normal, trunc_normal (default 0)
     std: float | None = None  # normal, trunc_normal (default 1)
@@ -40,9 +41,17 @@ class InitSpec:
     gain: float | None = None  # xavier, orthogonal (default 1)
     mode: str | None = None  # kaiming: fan_in (default) | fan_out
     nonlinearity: str | None = None  # kaiming (default leaky_relu)
+    from_: Any = None  # instead of a method: {file: .safetensors/.pt, key: NAME} (key default: the tensor's full name)
 
     def check_init(self, prefix: str = "") -> None:
         """Check the method is known, has what it needs and is given no key it would ignore; keys under ``prefix``."""
+        if self.from_ is not None:
+            self.check_from(prefix)
+            return
+        if self.method is None:
+            raise FieldError(
+                prefix + "method", f"give a method ({', '.join(INIT_METHODS[:5])}, ...) or from: {{file, key}}"
+            )
         one_of(prefix + "method", self.method, INIT_METHODS)
         for key, methods in INIT_KEYS.items():  # a key the method ignores is a silent mistake (ones with value: 3)
             if getattr(self, key) is not None and self.method not in methods:
@@ -60,6 +69,21 @@ class InitSpec:
         low, high = self.a, self.b
         if self.method in ("uniform", "trunc_normal") and low is not None and high is not None and low > high:
             raise FieldError(prefix + "a", f"{self.method} needs a <= b, got a={low} and b={high}")
+
+    def check_from(self, prefix: str) -> None:
+        """``from``: {file, key?} with string values, and no method or method argument beside it."""
+        given = [k for k in ("method", *INIT_KEYS) if getattr(self, k) is not None]
+        if given:
+            raise FieldError(prefix + given[0], "the tensor comes from a file (from); drop " + given[0])
+        source = self.from_
+        if not isinstance(source, dict) or "file" not in source:
+            raise FieldError(prefix + "from", f"needs {{file: PATH, key: NAME}}, got {source!r}")
+        extra = sorted(set(source) - {"file", "key"})
+        if extra:
+            raise FieldError(f"{prefix}from.{extra[0]}", "unknown key; from takes file and key")
+        for key in ("file", "key"):
+            if key in source and not (isinstance(source[key], str) and source[key]):
+                raise FieldError(f"{prefix}from.{key}", f"a non-empty string, got {source[key]!r}")
 
 
 @dataclass
@@ -80,16 +104,22 @@ class AddTensorAction(Action):
     name: str = MISSING  # attribute name of the new tensor
     shape: list[int] | None = None  # shape of the new tensor (give shape or like)
     like: str | None = None  # or: copy shape and dtype from this parameter/buffer of the module
-    init: InitSpec = field(default_factory=lambda: InitSpec(method="zeros"))  # how to fill it
+    init: InitSpec = field(default_factory=InitSpec)  # how to fill it: {method, ...} (zeros when absent) or {from}
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if (self.shape is None) == (self.like is None):
+        if self.shape is not None and self.like is not None:
             raise FieldError("shape", "give exactly one of shape (e.g. [4]) or like (e.g. weight)")
+        if self.shape is None and self.like is None and self.init.from_ is None:
+            raise FieldError(
+                "shape", "give exactly one of shape (e.g. [4]) or like (e.g. weight), or init: {from: {file}}"
+            )
         if self.shape is not None and any(s < 0 for s in self.shape):
             raise FieldError("shape", f"sizes must be >= 0, got {self.shape}")
         if not self.name.isidentifier() or self.name.startswith("_"):
             raise FieldError("name", f"{self.name!r} is not a public Python identifier")
+        if self.init.method is None and self.init.from_ is None:
+            self.init.method = "zeros"
         self.init.check_init("init.")
 
 

@@ -119,7 +119,8 @@ class Kind:
     Traits live here, not in lists elsewhere: ``observes`` (records or prints, changes nothing the
     model computes), ``choices`` (the key whose values the reference lists, and those values),
     ``sized`` (its records count against ``max_bytes`` in the probe forward), ``ddp_advice`` (why
-    applying it to a model already wrapped in DistributedDataParallel goes wrong, for a plan warning).
+    applying it to a model already wrapped in DistributedDataParallel goes wrong, for a plan warning),
+    ``adds`` (registers a new tensor ``config.name`` on each target: ``Surgery.added_state_dict`` keeps it).
     """
 
     name: ClassVar[str]
@@ -129,6 +130,7 @@ class Kind:
     choices: ClassVar[tuple[str, tuple[str, ...]] | None] = None
     sized: ClassVar[bool] = False
     ddp_advice: ClassVar[str | None] = None
+    adds: ClassVar[bool] = False
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check ``cfg`` against the matched modules and return the step that applies it."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from surgery.errors import ConfigError, did_you_mean
 from surgery.expr.compiled import NAMES, Expr, helper_call
-from surgery.expr.parsing import MAX_DEPTH, check_text, einsum_problem, parse_text
+from surgery.expr.parsing import MAX_DEPTH, check_text, einsum_problem, parse_program
 from surgery.expr.runtime import (
     FUNCTIONS,
     NUMBER_TYPES,
@@ -105,6 +105,8 @@ class _Checker(ast.NodeTransformer):
         self.text, self.where, self.names = text, where, tuple(names)
         self.used: set[str] = set()
         self.module_reads: set[str] = set()
+        self.bound: set[str] = set()  # names bound by NAME = expr before the result
+        self.bound_used: set[str] = set()
         self.depth = 0
 
     def refuse(self, node: ast.AST, reason: str) -> ConfigError:
@@ -140,6 +142,9 @@ class _Checker(ast.NodeTransformer):
 
     def visit_Name(self, node: ast.Name) -> Any:
         name = node.id
+        if name in self.bound:
+            self.bound_used.add(name)
+            return node
         if name == "module" and name in self.names:
             raise self.refuse(node, "module is read as module.NAME: a parameter, buffer, submodule or number")
         if name in self.names:
@@ -340,5 +345,21 @@ def compile_expr(text: str, where: str, names: Collection[str] = NAMES) -> Expr:
     """
     text = check_text(text, where)
     checker = _Checker(text, where, names)
-    body = checker.visit(parse_text(text, text, where)).body
-    return Expr(text, where, names, frozenset(checker.used), body, frozenset(checker.module_reads))
+    program, result = parse_program(text, where)
+    bindings: list[tuple[str, ast.expr]] = []
+    for name, node in program:
+        checked = checker.visit(ast.Expression(node)).body  # checked before its name is bound: no self-reference
+        if name in checker.bound or name in NAMES or name in FUNCTIONS or name.startswith("_"):
+            why = "is a function of the language"
+            if name in checker.bound or name.startswith("_") or name in NAMES:
+                why = "is bound twice" if name in checker.bound else "starts with '_'" if name.startswith("_") else why
+                why = "is a variable of the language" if name in NAMES else why
+            raise ConfigError(f"{where}: '{name} = ...' in '{shorten(text)}': the name {name!r} {why}; pick another")
+        bindings.append((name, checked))
+        checker.bound.add(name)
+    body = checker.visit(ast.Expression(result)).body
+    unused = [name for name, _ in bindings if name not in checker.bound_used]
+    if unused:
+        raise ConfigError(f"{where}: '{unused[0]} = ...' in '{shorten(text)}': {unused[0]!r} is bound but never used")
+    reads = frozenset(checker.module_reads)
+    return Expr(text, where, names, frozenset(checker.used), body, reads, tuple(bindings))

@@ -27,8 +27,13 @@ _FRESH_METHODS = frozenset(
 )
 
 
-def _may_share_storage(node: ast.expr) -> bool:
-    """True when a checked, rewritten expression's value can be a module tensor or a view of one."""
+def _may_share_storage(node: ast.expr, bound: dict[str, bool] | None = None) -> bool:
+    """True when a checked, rewritten expression's value can be a module tensor or a view of one.
+
+    ``bound``: for each name bound before (``NAME = expr;``), whether its value may.
+    """
+    if isinstance(node, ast.Name):
+        return bool(bound and bound.get(node.id, False))
     if isinstance(node, ast.Call):
         func = node.func
         if isinstance(func, ast.Name):  # helpers and torch functions; only _mread and view attributes pass through
@@ -36,16 +41,16 @@ def _may_share_storage(node: ast.expr) -> bool:
                 return True
             if func.id in ("_index", "_call_method"):  # a view of its tensor unless the method makes a new one
                 fresh = func.id == "_call_method" and node.args[2].value in _FRESH_METHODS  # type: ignore[attr-defined]
-                return not fresh and _may_share_storage(node.args[1])
+                return not fresh and _may_share_storage(node.args[1], bound)
             if func.id == "_attr" and node.args[1].value in ("T", "mT"):  # type: ignore[attr-defined]
-                return _may_share_storage(node.args[0])
+                return _may_share_storage(node.args[0], bound)
         return False
     if isinstance(node, ast.Subscript):
-        return _may_share_storage(node.value)
+        return _may_share_storage(node.value, bound)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):  # +t is t itself
-        return _may_share_storage(node.operand)
+        return _may_share_storage(node.operand, bound)
     if isinstance(node, (ast.Tuple, ast.List)):
-        return any(_may_share_storage(element) for element in node.elts)
+        return any(_may_share_storage(element, bound) for element in node.elts)
     return False
 
 
@@ -121,16 +126,27 @@ class Expr:
     >>> hook_fn = scale.bind("module", "inputs", "output")  # x is inputs[0]  # doctest: +SKIP
     """
 
-    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_bound")
+    __slots__ = ("text", "where", "names_used", "module_reads", "_names", "_body", "_owns", "_bound", "_bindings")
 
     def __init__(
-        self, text: str, where: str, names: Collection[str], used: frozenset[str], body: ast.expr, reads: frozenset[str]
+        self,
+        text: str,
+        where: str,
+        names: Collection[str],
+        used: frozenset[str],
+        body: ast.expr,
+        reads: frozenset[str],
+        bindings: tuple[tuple[str, ast.expr], ...] = (),
     ) -> None:
         self.text, self.where, self._names = text, where, tuple(names)
         self.names_used = used
         self.module_reads = reads  # names read as module.NAME, so a plan can check each module has them
         self._body = body
-        self._owns = _may_share_storage(body)  # copy the result: it may be the module's own tensor
+        self._bindings = bindings  # NAME = expr, evaluated in order before the result
+        shares: dict[str, bool] = {}
+        for name, value in bindings:
+            shares[name] = _may_share_storage(value, shares)
+        self._owns = _may_share_storage(body, shares)  # copy the result: it may be the module's own tensor
         self._bound: dict[tuple[str, ...], Callable[..., Any]] = {}
 
     def bind(self, *params: str) -> Callable[..., Any]:
@@ -149,14 +165,18 @@ class Expr:
         if derive_x:
             first = ast.Subscript(ast.Name("inputs", ast.Load()), ast.Constant(0), ast.Load())
             statements.append(ast.Assign([ast.Name("x", ast.Store())], first))
-        body, counting = self._body, counts_values(self._body)
+        everything = ast.List([*(value for _, value in self._bindings), self._body], ast.Load())
+        counting = counts_values(everything)
         if not counting:
-            body = ast.fix_missing_locations(_Uncounted().visit(copy.deepcopy(body)))
-        if any(isinstance(n, ast.Name) and n.id == "_env" for n in ast.walk(body)):
+            everything = ast.fix_missing_locations(_Uncounted().visit(copy.deepcopy(everything)))
+        *values, body = everything.elts
+        if any(isinstance(n, ast.Name) and n.id == "_env" for n in ast.walk(everything)):
             arguments = ast.Tuple([ast.Name(name, ast.Load()) for name in params], ast.Load())
             zero = ast.Constant(0)
             work = ast.List([arguments, zero, zero, zero, ast.Constant(None), ast.Constant(counting)], ast.Load())
             statements.append(ast.Assign([ast.Name("_env", ast.Store())], work))  # a surgery.expr.work.Work
+        for (name, _), bound in zip(self._bindings, values):
+            statements.append(ast.Assign([ast.Name(name, ast.Store())], bound))
         value = helper_call("_owned", [body], body) if self._owns else body
         statements.append(ast.Return(value))
         failed = ast.Call(ast.Name("_failed", ast.Load()), [ast.Name("_error", ast.Load()), ast.Constant(self.where),

@@ -40,6 +40,42 @@ def parse_text(source: str, text: str, where: str) -> ast.Expression:
         raise ConfigError(f"{where}: '{shorten(text)}' is not a valid expression ({reason})") from None
 
 
+MAX_BINDINGS = 32
+
+
+def parse_program(text: str, where: str) -> tuple[list[tuple[str, ast.expr]], ast.expr]:
+    """``text`` as ``NAME = expr; ...; result`` (``;`` or new lines): the bindings in order and the result.
+
+    A plain expression has no bindings. Anything else (imports, attribute or tuple targets, ``+=``, a text that
+    ends with a binding) is a ConfigError quoting the text; positions stay those of ``text`` for messages.
+    """
+    try:
+        return [], ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        eval_error = error
+    try:
+        statements = ast.parse(text, mode="exec").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        reason = getattr(eval_error, "msg", None) or type(eval_error).__name__
+        raise ConfigError(f"{where}: '{shorten(text)}' is not a valid expression ({reason})") from None
+    bindings: list[tuple[str, ast.expr]] = []
+    for statement in statements[:-1]:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):  # fmt: skip
+            part = ast.get_source_segment(text, statement) or text
+            raise ConfigError(
+                f"{where}: '{shorten(part)}' in '{shorten(text)}': before the result only bindings NAME = expression"
+                " are allowed (separated by ';' or new lines)"
+            )
+        bindings.append((statement.targets[0].id, statement.value))
+    last = statements[-1] if statements else None
+    if not isinstance(last, ast.Expr):
+        raise ConfigError(f"{where}: '{shorten(text)}' must end with the expression whose value is the result")
+    if len(bindings) > MAX_BINDINGS:
+        raise ConfigError(f"{where}: {len(bindings)} bindings in '{shorten(text)}'; at most {MAX_BINDINGS}")
+    return bindings, last.value
+
+
 def einsum_problem(equation: str, operands: int) -> str | None:
     """Why an einsum equation cannot work with ``operands`` tensors, or None (checked before any model runs)."""
     if not equation or set(equation) - set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ,->. "):

@@ -31,8 +31,8 @@ class SurgeryTrainerCallback(TrainerCallback):
     >>> trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[SurgeryTrainerCallback("clip_grads")])
     """
 
-    def __init__(self, actions: Any) -> None:
-        self._run = TrainingSurgery(actions, "SurgeryTrainerCallback")
+    def __init__(self, actions: Any, save_added: Any = None) -> None:
+        self._run = TrainingSurgery(actions, "SurgeryTrainerCallback", save_added)  # written by remove()
         self._pending: dict[str, float] = {}
         self._joined: list[tuple[dict[str, Any], nn.Parameter]] = []  # (param group, parameter) we put there
         self._optimizer: torch.optim.Optimizer | None = None

@@ -32,14 +32,14 @@ class SurgeryCallback(Callback):
     >>> trainer = Trainer(callbacks=[SurgeryCallback("clip_grads", log_every_n_steps=50)])
     """
 
-    def __init__(self, actions: Any, stage: str = "fit", log_every_n_steps: int = 50) -> None:
+    def __init__(self, actions: Any, stage: str = "fit", log_every_n_steps: int = 50, save_added: Any = None) -> None:
         if stage not in STAGES:
             raise ConfigError(
                 f"SurgeryCallback.stage: {stage!r} is not a Lightning stage; use one of {', '.join(STAGES)}"
             )
         self.stage = stage
         self.log_every_n_steps = check_log_every(log_every_n_steps, "SurgeryCallback")
-        self._run = TrainingSurgery(actions, "SurgeryCallback")
+        self._run = TrainingSurgery(actions, "SurgeryCallback", save_added)  # written at teardown and on_exception
         self._trainer: Trainer | None = None
         self._batches = 0
         self._state_key: str | None = None

@@ -15,6 +15,8 @@ every step, so a long run holds one step of them.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from typing import Any
 
 import torch
@@ -42,11 +44,14 @@ def check_log_every(value: Any, owner: str) -> int:
 class TrainingSurgery:
     """One recipe applied to one model for one run; ``remove`` checks every hook, module and tensor slot is back."""
 
-    def __init__(self, actions: Any, owner: str) -> None:
+    def __init__(self, actions: Any, owner: str, save_added: Any = None) -> None:
         if actions is None:
             raise ConfigError(f"{owner}.actions: give an actions name, a dict, a DictConfig or a YAML path")
+        if save_added is not None and not isinstance(save_added, (str, os.PathLike)):
+            raise ConfigError(f"{owner}.save_added: a path for the added tensors' .safetensors, got {save_added!r}")
         self.actions = actions
         self.owner = owner
+        self.save_added = save_added  # where remove() writes Surgery.added_state_dict() first (trained add-ons kept)
         self.surgery: Surgery | None = None
         self.added: list[nn.Parameter] = []  # trainable parameters the recipe added, for the optimizer
         self._before: ModelState | None = None
@@ -76,6 +81,8 @@ class TrainingSurgery:
         if s is None or not s.active:
             return
         self.resume_window()
+        if self.save_added is not None:
+            self._save(s, check)
         s.remove()
         if check and before is not None:
             diffs = restore_differences(before, ModelState.of(s.model))
@@ -84,6 +91,15 @@ class TrainingSurgery:
                 raise ActionError(
                     f"{self.owner}: the model is not restored after the run: {'; '.join(diffs[:5])}{more}"
                 )
+
+    def _save(self, s: Surgery, check: bool) -> None:
+        """Write the added tensors before they go; on an interrupted run a failed write warns, not hides the error."""
+        try:
+            s.save_added(self.save_added)
+        except Exception as e:
+            if check:
+                raise
+            warnings.warn(f"{self.owner}.save_added: could not write {str(self.save_added)!r}: {e}", stacklevel=2)
 
     def statistics(self) -> dict[str, float]:
         """``surgery/ACTION/MODULE[/WHAT]/STAT`` → value for every record; reduced windows start again."""

@@ -26,10 +26,12 @@ from scripts.bench.report.markdown import load, table
 from scripts.bench.report.merge import MERGEABLE, merge
 from scripts.bench.report.scale import ddp_section, meta_section
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
+from scripts.bench.report.splices import splice_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
 BENCHES = [
     "overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study", "attribution",
+    "splice",
 ]  # fmt: skip
 BUDGET_S = 600
 
@@ -69,8 +71,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     y_md, y_t, y_m = study_section(load(results, "study"))
     a_md, a_t, a_m = attribution_section(load(results, "attribution"))
     u_md, u_t, u_m = gpu_section(load(results, "gpu") or last_gpu_run())  # run on a GPU machine, not here
+    v_md, v_t, v_m = splice_section(load(results, "splice"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t + v_t
     lines = [
         "# Benchmarks",
         "",
@@ -101,7 +104,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m + v_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:

@@ -15,6 +15,7 @@ from typing import Any
 from scripts.bench.report.attribution import attribution_section
 from scripts.bench.report.gpu import gpu_section
 from scripts.bench.report.sections import plan_section, startup_section
+from scripts.bench.report.splices import splice_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
 Section = Callable[[dict[str, Any] | None], tuple[list[str], list[list[str]], list[str]]]
@@ -28,6 +29,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "study": (study_section, "study:"),
     "gpu": (gpu_section, "GPU:"),
     "attribution": (attribution_section, "attribution:"),
+    "splice": (splice_section, "splice:"),
 }
 MISSES = "### Over a target, and why"
 

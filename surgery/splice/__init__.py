@@ -1,0 +1,7 @@
+"""Splices: sparse autoencoders and transcoders put into a model (``kind: splice``), their features and metrics.
+
+Importing this package registers the ``splice`` kind into ``surgery.core.steps.KINDS`` (``import surgery`` does it).
+See docs/splices.md.
+"""
+
+from surgery.splice import kind  # noqa: F401 - registers kind: splice

@@ -1,0 +1,272 @@
+"""Reading a sparse autoencoder or transcoder from disk: SAELens's saved directory, or a plain .safetensors file.
+
+A SAELens directory holds ``cfg.json`` and ``sae_weights.safetensors`` (what ``SAE.save_model`` writes). The
+config is read the way SAELens's ``load_from_disk`` reads it: ``architecture`` (``standard`` when absent),
+``apply_b_dec_to_input`` (true when absent), ``normalize_activations`` (a bool means none / expected_average_only_in),
+``k`` for topk (``activation_fn_kwargs.k`` in configs written before SAELens 6), the weights cast to ``dtype``,
+``log_threshold`` read as ``threshold = exp(log_threshold)``. A plain file holds ``W_enc [d_in, d_sae]``, ``b_enc``,
+``W_dec [d_sae, d_out]``, ``b_dec`` (+ ``threshold``), and the action says its ``activation``.
+Everything is checked here, before the model is touched; each message names the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgery.errors import ConfigError
+from surgery.files.paths import refuse_url
+from surgery.files.tensors import read_tensors
+
+CFG_FILE = "cfg.json"
+WEIGHTS_FILE = "sae_weights.safetensors"
+NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+# SAELens architecture -> (activation, transcoder, skip connection)
+ARCHITECTURES: dict[str, tuple[str, bool, bool]] = {
+    "standard": ("relu", False, False),
+    "jumprelu": ("jumprelu", False, False),
+    "topk": ("topk", False, False),
+    "transcoder": ("relu", True, False),
+    "skip_transcoder": ("relu", True, True),
+    "jumprelu_transcoder": ("jumprelu", True, False),
+    "jumprelu_skip_transcoder": ("jumprelu", True, True),
+}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class SpliceWeights:
+    """A loaded sparse autoencoder (or transcoder): its tensors and how it encodes and decodes."""
+
+    source: str  # the path as given, for messages
+    W_enc: torch.Tensor  # noqa: N815 - SAELens's names  [d_in, d_sae]
+    b_enc: torch.Tensor  # noqa: N815  [d_sae]
+    W_dec: torch.Tensor  # noqa: N815  [d_sae, d_out]
+    b_dec: torch.Tensor  # noqa: N815  [d_out]
+    threshold: torch.Tensor | None = None  # jumprelu  [d_sae]
+    W_skip: torch.Tensor | None = None  # noqa: N815 - skip transcoders  [d_out, d_in]
+    activation: str = "relu"  # relu | topk | jumprelu
+    k: int | None = None  # topk
+    rescale_acts_by_decoder_norm: bool = False  # topk: rank features by activation x decoder norm
+    apply_b_dec_to_input: bool = True
+    normalize: str = "none"  # normalize_activations, as SAELens runs it
+    transcoder: bool = False  # decodes to another site: no b_dec on the input, no output de-normalization
+    jump_relu_of_threshold: bool = True  # JumpReLU SAEs compare against relu(threshold); transcoders the raw one
+
+    @property
+    def d_in(self) -> int:
+        """Width the encoder reads."""
+        return int(self.W_enc.shape[0])
+
+    @property
+    def d_sae(self) -> int:
+        """Number of features."""
+        return int(self.W_enc.shape[1])
+
+    @property
+    def d_out(self) -> int:
+        """Width the decoder writes."""
+        return int(self.W_dec.shape[1])
+
+    def to(self, device: torch.device) -> SpliceWeights:
+        """The same weights on ``device`` (itself when they are there already)."""
+        if self.W_enc.device == device:
+            return self
+        moved: dict[str, Any] = {}
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "W_skip"):
+            tensor = getattr(self, name)
+            moved[name] = tensor.to(device) if tensor is not None else None
+        return replace(self, **moved)
+
+
+def resolve(path: str, where: str) -> Path:
+    """A local path (never a URL) that exists."""
+    refuse_url(path, where, "the splice")
+    found = Path(path).expanduser()
+    if not found.exists():
+        raise ConfigError(
+            f"{where}: {path!r} does not exist; give a SAELens directory (cfg.json + {WEIGHTS_FILE}) or a"
+            " .safetensors file with W_enc, b_enc, W_dec, b_dec"
+        )
+    return found
+
+
+_CACHE: dict[tuple[Any, ...], SpliceWeights] = {}
+_CACHE_SIZE = 64  # a study plans every cell again: the same file is read once while it is unchanged
+
+
+def load(path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None) -> SpliceWeights:
+    """The SAE at ``path`` (a SAELens directory or a .safetensors file), checked; read once while unchanged."""
+    found = resolve(path, where)
+    files = [found / CFG_FILE, found / WEIGHTS_FILE] if found.is_dir() else [found]
+    stamp = tuple((str(os.path.realpath(f)), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists())
+    key = (stamp, activation, k, apply_b_dec)
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return replace(cached, source=path)
+    weights = (
+        _load_dir(found, path, where, activation, k, apply_b_dec)
+        if found.is_dir()
+        else _load_file(found, path, where, activation, k, apply_b_dec)
+    )
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = weights
+    return weights
+
+
+def _load_dir(
+    found: Path, path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None
+) -> SpliceWeights:
+    cfg_file, weights_file = found / CFG_FILE, found / WEIGHTS_FILE
+    missing = [f.name for f in (cfg_file, weights_file) if not f.is_file()]
+    if missing:
+        raise ConfigError(
+            f"{where}: the directory {path!r} has no {' or '.join(missing)}; a SAELens SAE directory holds {CFG_FILE}"
+            f" and {WEIGHTS_FILE} (what SAE.save_model writes)"
+        )
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where}: cannot read {str(cfg_file)!r} as JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: {str(cfg_file)!r} holds a {type(cfg).__name__}, not a JSON object")
+    architecture = str(cfg.get("architecture") or "standard")
+    old_activation = cfg.get("activation_fn", cfg.get("activation_fn_str"))
+    if architecture == "standard" and old_activation == "topk":  # written before SAELens 6: topk was an activation
+        architecture = "topk"
+    if architecture not in ARCHITECTURES:
+        raise ConfigError(
+            f"{where}: {str(cfg_file)!r} has architecture {architecture!r}, which splice does not run; it runs"
+            f" {', '.join(ARCHITECTURES)}"
+        )
+    kind, transcoder, skip = ARCHITECTURES[architecture]
+    if activation is not None and activation != kind:
+        raise ConfigError(
+            f"{where.rsplit('.', 2)[0]}.activation: {activation!r} contradicts {str(cfg_file)!r}, whose architecture"
+            f" {architecture!r} uses {kind}; drop activation (cfg.json says it)"
+        )
+    normalize = cfg.get("normalize_activations", "none")
+    normalize = {True: "expected_average_only_in", False: "none", None: "none"}.get(normalize, normalize)
+    if normalize not in NORMALIZATIONS:
+        raise ConfigError(
+            f"{where}: {str(cfg_file)!r} has normalize_activations {normalize!r}; SAELens defines"
+            f" {', '.join(NORMALIZATIONS)}"
+        )
+    if cfg.get("reshape_activations", "none") not in ("none", None):
+        raise ConfigError(
+            f"{where}: {str(cfg_file)!r} reshapes activations ({cfg['reshape_activations']!r}, per-head hook_z);"
+            " splice reads a [..., d_in] tensor: select a module whose output is already flat"
+        )
+    if cfg.get("finetuning_scaling_factor"):
+        raise ConfigError(f"{where}: {str(cfg_file)!r} uses finetuning_scaling_factor, which splice does not run")
+    dtype_name = str(cfg.get("dtype", "float32")).removeprefix("torch.")
+    if dtype_name not in DTYPES:
+        raise ConfigError(f"{where}: {str(cfg_file)!r} has dtype {dtype_name!r}; one of {', '.join(DTYPES)}")
+    tensors = read_tensors(weights_file, where)
+    if "log_threshold" in tensors and "threshold" not in tensors:  # older JumpReLU checkpoints, as SAELens reads them
+        tensors["threshold"] = torch.exp(tensors.pop("log_threshold"))
+    scale = tensors.pop("scaling_factor", None)
+    if scale is not None and not bool(torch.all(scale == 1)):
+        raise ConfigError(
+            f"{where}: {str(weights_file)!r} holds a scaling_factor other than 1, which splice does not run"
+        )
+    tensors = {name: t.to(DTYPES[dtype_name]) for name, t in tensors.items()}
+    if kind == "topk":
+        k = k if k is not None else cfg.get("k", (cfg.get("activation_fn_kwargs") or {}).get("k"))
+        if k is None:
+            k = 100  # SAELens's TopKSAEConfig default
+    elif k is not None:
+        raise ConfigError(f"{where.rsplit('.', 2)[0]}.k: only a topk SAE takes k; {path!r} is {architecture!r}")
+    b_dec_in = bool(cfg.get("apply_b_dec_to_input", True)) if apply_b_dec is None else apply_b_dec
+    if transcoder and b_dec_in:
+        if apply_b_dec:
+            raise ConfigError(
+                f"{where.rsplit('.', 2)[0]}.apply_b_dec_to_input: a transcoder's b_dec has the output's width"
+            )
+        b_dec_in = False  # SAELens refuses it for transcoders; its default true does not apply
+    weights = _build(
+        tensors, str(weights_file), path, where, kind, int(k) if k is not None else None, b_dec_in, transcoder, skip
+    )
+    weights = replace(
+        weights, normalize=normalize, rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+        jump_relu_of_threshold=not transcoder,
+    )  # fmt: skip
+    for key, width in (("d_in", weights.d_in), ("d_sae", weights.d_sae), ("d_out", weights.d_out)):
+        said = cfg.get(key)
+        if said is not None and said != width and not (key == "d_out" and not transcoder):
+            raise ConfigError(
+                f"{where}: {str(cfg_file)!r} says {key}={said}, but its weights have {key}={width}"
+                f" (W_enc {list(weights.W_enc.shape)}, W_dec {list(weights.W_dec.shape)})"
+            )
+    return weights
+
+
+def _load_file(
+    found: Path, path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None
+) -> SpliceWeights:
+    if found.suffix.lower() != ".safetensors":
+        raise ConfigError(
+            f"{where}: {path!r} is neither a SAELens directory (cfg.json + {WEIGHTS_FILE}) nor a .safetensors file"
+        )
+    tensors = read_tensors(found, where)
+    action = where.rsplit(".", 2)[0]
+    kind = activation or ("jumprelu" if "threshold" in tensors else "relu")
+    if kind == "topk" and k is None:
+        raise ConfigError(f"{action}.k: activation topk needs k (how many features stay active per position)")
+    if kind != "topk" and k is not None:
+        raise ConfigError(f"{action}.k: only activation topk takes k; this splice's activation is {kind!r}")
+    b_dec_in = True if apply_b_dec is None else apply_b_dec
+    weights = _build(tensors, path, path, where, kind, k, b_dec_in, False, "W_skip" in tensors)
+    if weights.d_in != weights.d_out and b_dec_in:
+        raise ConfigError(
+            f"{action}.apply_b_dec_to_input: {path!r} maps width {weights.d_in} to {weights.d_out} (a transcoder), so"
+            " b_dec cannot be subtracted from its input; set apply_b_dec_to_input: false"
+        )
+    return replace(weights, transcoder=weights.d_in != weights.d_out)
+
+
+def _build(
+    tensors: dict[str, torch.Tensor], file: str, path: str, where: str, kind: str, k: int | None, b_dec_in: bool,
+    transcoder: bool, skip: bool,
+) -> SpliceWeights:  # fmt: skip
+    """Check names and shapes of the tensors against each other; one line naming the file and the tensor."""
+    needed = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if kind == "jumprelu" else [])
+    needed += ["W_skip"] if skip else []
+    for name in needed:
+        if name not in tensors:
+            why = " (a JumpReLU SAE needs its threshold)" if name == "threshold" else ""
+            raise ConfigError(
+                f"{where}: {file!r} has no tensor {name!r}{why}; it has {', '.join(sorted(tensors)) or 'none'}"
+            )
+    w_enc, b_enc, w_dec, b_dec = (tensors[n] for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
+    for name in needed:
+        if not tensors[name].is_floating_point():
+            raise ConfigError(f"{where}: {name} in {file!r} is {tensors[name].dtype}, not a floating-point tensor")
+    if w_enc.dim() != 2 or w_dec.dim() != 2:
+        bad = "W_enc" if w_enc.dim() != 2 else "W_dec"
+        raise ConfigError(f"{where}: {bad} in {file!r} has shape {list(tensors[bad].shape)}; it must be a matrix")
+    d_in, d_sae = w_enc.shape
+    expected = {"b_enc": (d_sae,), "W_dec": (d_sae, w_dec.shape[1]), "b_dec": (w_dec.shape[1],), "threshold": (d_sae,)}
+    if skip:
+        expected["W_skip"] = (w_dec.shape[1], d_in)
+    for name, shape in expected.items():
+        if name in needed and tuple(tensors[name].shape) != shape:
+            raise ConfigError(
+                f"{where}: {name} in {file!r} has shape {list(tensors[name].shape)}, but W_enc {list(w_enc.shape)}"
+                f" (d_in {d_in}, d_sae {d_sae}) needs {list(shape)}"
+            )
+    if not transcoder and w_dec.shape[1] != d_in and b_dec_in:
+        raise ConfigError(
+            f"{where}: W_dec in {file!r} has shape {list(w_dec.shape)}; an SAE decodes back to d_in {d_in}"
+        )
+    return SpliceWeights(
+        source=path, W_enc=w_enc, b_enc=b_enc, W_dec=w_dec, b_dec=b_dec, threshold=tensors.get("threshold"),
+        W_skip=tensors.get("W_skip") if skip else None, activation=kind, k=k, apply_b_dec_to_input=b_dec_in,
+        transcoder=transcoder,
+    )  # fmt: skip
