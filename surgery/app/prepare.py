@@ -110,7 +110,7 @@ def prepare(cfg: DictConfig) -> Job | None:
     job = Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
     if splice_names:
         job.splice_metrics = splice_names
-        job.remake = lambda: on_device(make_batches(spec, settings.seed, getattr(torch, settings.dtype), made_on, model,
+        job.remake = lambda: on_device(make_batches(spec, settings.seed, run_dtype(settings, model), made_on, model,
                                                     cfg.model.get("path")), device)  # fmt: skip
     if isinstance(settings.loss, dict):  # its tokens resolved now, with the run's tokenizer: refused before running
         from surgery.study.metrics import per_example

@@ -157,7 +157,7 @@ def _at(where: str, key: str) -> str:
 
 
 @functools.cache
-def _fields_of(schema: type) -> tuple[dict[str, dataclasses.Field], list[str]]:
+def _schema_fields(schema: type) -> tuple[dict[str, dataclasses.Field], list[str]]:
     """A schema's fields by name and its keys as written in YAML, sorted: read once per schema."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     return fields, sorted(yaml_key(f) for f in fields)
@@ -165,7 +165,7 @@ def _fields_of(schema: type) -> tuple[dict[str, dataclasses.Field], list[str]]:
 
 def check_keys(schema: type, node: dict, where: str) -> None:
     """Refuse keys the schema does not have, with a did-you-mean; recurse into nested schemas."""
-    fields, keys = _fields_of(schema)
+    fields, keys = _schema_fields(schema)
     for key, value in node.items():
         if field_name(str(key)) not in fields:
             raise ConfigError(
