@@ -294,9 +294,20 @@ def test_the_docs_sae_loop_runs_over_a_harvest(harvested: Path) -> None:
 
 
 @pytest.mark.cuda
-def test_a_cuda_harvest_equals_the_cpu_harvest(corpus: Corpus, harvested: Path, tmp_path: Path) -> None:
+def test_a_cuda_harvest_equals_the_cpu_harvest(
+    corpus: Corpus, harvested: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import copy
 
+    import surgery.harvest.run as harvest_run
+
+    real, pinned = harvest_run._Loop._write, []
+
+    def write(self: Any, number: int, tokens: Any, buffers: dict[str, torch.Tensor]) -> None:
+        pinned.extend(b.is_pinned() for b in buffers.values())  # copied from the GPU into page-locked memory
+        real(self, number, tokens, buffers)
+
+    monkeypatch.setattr(harvest_run._Loop, "_write", write)
     model = copy.deepcopy(corpus.model).to("cuda")
     harvest_corpus(model, corpus.tokenizer, corpus.jsonl, tmp_path / "gpu", SITES, context=CONTEXT, batch_size=4,
                    shard_mb=SHARD_MB, progress=False)  # fmt: skip
@@ -306,3 +317,4 @@ def test_a_cuda_harvest_equals_the_cpu_harvest(corpus: Corpus, harvested: Path, 
         assert torch.equal(cpu[i]["input_ids"], gpu[i]["input_ids"])
         for site in SITES:
             torch.testing.assert_close(gpu[i][site], cpu[i][site], rtol=1e-4, atol=1e-5)
+    assert pinned and all(pinned)

@@ -291,6 +291,7 @@ class _Loop:
                 self.job.model(input_ids=part, **self.kwargs)
             for name in self.names:
                 found = site_tensor(self.surgery, name, part.shape[0], context)
+                found = found.to(self.dtype)  # converted where it was computed: a GPU copies the smaller tensor
                 buffers[name][start : start + part.shape[0]].copy_(found, non_blocking=self.pinned)
             bar.update(part.numel())
             if stop is not None and start + batch < n and stop():  # after the last batch: written, then stopped

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.bench.common import ROOT, machine, version_of
+from scripts.bench.report.harvest import harvest_section
 from scripts.bench.report.hooks import overhead_section, peers_section, peers_target
 from scripts.bench.report.markdown import load, table
 from scripts.bench.report.merge import MERGEABLE, merge
@@ -26,7 +27,8 @@ from scripts.bench.report.scale import ddp_section, meta_section
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
-BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study"]
+BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study",
+           "harvest"]  # fmt: skip
 BUDGET_S = 600
 
 
@@ -63,8 +65,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     x_md, x_t, x_m = meta_section(load(results, "meta"))
     g_md, g_t, g_m = ddp_section(load(results, "ddp"))
     y_md, y_t, y_m = study_section(load(results, "study"))
+    h_md, h_t, h_m = harvest_section(load(results, "harvest"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + h_t
     lines = [
         "# Benchmarks",
         "",
@@ -95,7 +98,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + h_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -118,6 +121,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         + x_md
         + g_md
         + y_md
+        + h_md
     )
     return "\n".join(lines).rstrip() + "\n"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from scripts.bench.report.harvest import harvest_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
 
 Section = Callable[[dict[str, Any] | None], tuple[list[str], list[list[str]], list[str]]]
@@ -21,6 +22,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "lm": (lm_section, "generate:"),
     "training": (training_section, "training:"),
     "study": (study_section, "study:"),
+    "harvest": (harvest_section, "harvest:"),
 }
 MISSES = "### Over a target, and why"
 
