@@ -104,7 +104,7 @@ def harvest(run: HarvestRun) -> Outcome:
         _check_costs(run, row_bytes, per_shard)
         manifest = _start(run, names, shapes, dtype, per_shard)
         with ThreadPoolExecutor(1, thread_name_prefix="harvest-writer") as writer:
-            state = _Loop(run, surgery, names, shapes, dtype, per_shard, writer, kwargs, device)
+            state = _Loop(run, surgery, names, shapes, dtype, per_shard, writer, kwargs, device, manifest)
             state.run(_chain(first, rows))
         manifest = _finish(run, manifest, state, time.perf_counter() - clock)
     finally:
@@ -192,13 +192,12 @@ def _probe(
 
 
 def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> None:
-    """Refuse now (nothing written) a harvest past ``limits.memory_gb`` (two shards of buffers) or ``disk_gb``."""
+    """Refuse now (nothing written) a harvest past ``limits.memory_gb`` (two shards of buffers) or, with
+    ``limit_tokens``, ``disk_gb``."""
     shard = per_shard * (sum(row_bytes.values()) + run.context * 4)
     check_memory(2 * shard, "harvest.shard_mb", f"two shards of {len(row_bytes)} site(s) in memory")
-    if run.limit_rows is not None:
+    if run.limit_rows is not None:  # the whole harvest's size is known; without a limit, the first shard's is checked
         expect_disk(run.limit_rows * (sum(row_bytes.values()) + run.context * 8), "input.limit_tokens")
-    else:
-        expect_disk(shard, "harvest.shard_mb")
 
 
 def _start(
@@ -221,10 +220,8 @@ def _start(
         "fingerprints": dict(run.prints),
         "surgery_version": _version(),
     }
-    if run.ranks[0] == 0 and not (run.directory / MANIFEST).is_file():
-        write_json(run.directory / MANIFEST, manifest)
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()  # every rank checked the directory before anyone writes shards into it
+        dist.barrier()  # every rank checked the directory before anyone writes into it
     return manifest
 
 
@@ -234,10 +231,12 @@ class _Loop:
     def __init__(
         self, run: HarvestRun, surgery: Surgery, names: list[str], shapes: dict[str, list[int]], dtype: torch.dtype,
         per_shard: int, writer: ThreadPoolExecutor, kwargs: dict[str, Any], device: torch.device,
+        manifest: dict[str, Any],
     ) -> None:  # fmt: skip
         self.job, self.surgery, self.names, self.shapes, self.dtype = run, surgery, names, shapes, dtype
         self.per_shard, self.writer, self.kwargs, self.device = per_shard, writer, kwargs, device
         self.pinned = device.type == "cuda"
+        self.manifest = manifest  # written (unfinished) before the first shard: a refused harvest leaves nothing
         self.pending: Future[None] | None = None
         self.corpus = hashlib.sha256()
         self.rows = 0
@@ -299,10 +298,20 @@ class _Loop:
         if self.pinned:
             torch.cuda.current_stream(self.device).synchronize()  # the copies into pinned buffers are done
         self._wait()  # one shard writing while the next computes: memory stays two shards
+        if self.computed == 0:
+            self._first_write(tokens, buffers)
         context_now = contextvars.copy_context()  # the writer charges the run's disk budget (a context variable)
         self.pending = self.writer.submit(context_now.run, self._write, number, tokens, buffers)
         self.computed += 1
         return True
+
+    def _first_write(self, tokens: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+        """Before anything is written: the first shard's size against ``limits.disk_gb``, then the manifest."""
+        size = sum(t.numel() * t.element_size() for t in (*tokens.values(), *buffers.values()))
+        expect_disk(size, "harvest.shard_mb")
+        path = self.job.directory / MANIFEST
+        if self.job.ranks[0] == 0 and not path.is_file():
+            write_json(path, self.manifest)
 
     def _write(self, number: int, tokens: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
         directory = self.job.directory
