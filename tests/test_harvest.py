@@ -114,6 +114,18 @@ def test_a_steered_model_is_harvested_as_steered(corpus: Corpus, tmp_path: Path)
         assert torch.equal(torch.stack([rows[i][site] for i in range(len(rows))]), expected[site]), site
 
 
+def test_sites_of_several_selectors_and_widths_from_one_forward(corpus: Corpus, tmp_path: Path) -> None:
+    sites = ["transformer.h.0", "transformer.h.1.mlp.c_fc"]  # widths 32 and 128 (the MLP's hidden layer)
+    harvest_corpus(corpus.model, corpus.tokenizer, corpus.jsonl, tmp_path / "a", sites, context=CONTEXT,
+                   batch_size=4, limit_tokens=12 * CONTEXT, progress=False)  # fmt: skip
+    rows = surgery.activations.open(tmp_path / "a", by="row")
+    assert rows.manifest["sites"] == {sites[0]: {"shape": [32]}, sites[1]: {"shape": [128]}}
+    ids = torch.stack([rows[i]["input_ids"] for i in range(len(rows))])
+    expected = outputs_by_hand(corpus.model, ids, sites, batch=4)
+    for site in sites:
+        assert torch.equal(torch.stack([rows[i][site] for i in range(len(rows))]), expected[site]), site
+
+
 def test_float16_storage_is_the_outputs_rounded(corpus: Corpus, tmp_path: Path) -> None:
     run(corpus, tmp_path / "a", dtype="float16", limit_tokens=8 * CONTEXT)
     rows = surgery.activations.open(tmp_path / "a", by="row")
@@ -182,6 +194,11 @@ def bad_inputs(corpus: Corpus, tmp: Path) -> list[tuple[dict[str, Any], str]]:
         ({"path": corpus.datasets, "column": "body"}, r"input.column: '.*ds' has no column 'body'; its columns: text"),
         ({"context": 65}, r"input.context: 65 tokens per row, but the model has 64 positions \(max_position_embedd"),
         ({"sites": ["transformer.h.9"]}, r"harvest.sites: 'transformer.h.9' matched no module. Closest module names"),
+        ({"sites": ["transformer.h.*", "transformer.h.x"]}, r"harvest.sites: 'transformer.h.x' matched no module"),
+        (
+            {"sites": ["transformer.h.*", "transformer.h.1"]},
+            r"harvest.sites: transformer.h.1 is matched by both 'transformer.h.\*' and 'transformer.h.1'; each module",
+        ),
     ]
 
 

@@ -47,7 +47,7 @@ from surgery.harvest.shards import (
     token_file,
 )
 
-ACTION = "harvest"  # the capture action mode=harvest adds to the recipe
+ACTION = "harvest"  # mode=harvest adds a capture action harvest_I to the recipe for selector I of harvest.sites
 MiB = 2**20
 
 
@@ -112,25 +112,43 @@ def harvest(run: HarvestRun) -> Outcome:
     return Outcome(manifest, manifest["complete"], state.computed, time.perf_counter() - clock)
 
 
-def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -> tuple[Plan, list[str]]:
-    """The recipe plus one capture of every site, planned together; the sites' module names, in module order."""
-    if ACTION in run.actions:
-        raise ConfigError(f"actions.{ACTION}: mode=harvest adds its own capture under this name; rename the action")
-    recipe = {**run.actions, ACTION: {"kind": "capture", "select": list(run.sites)}}
+def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -> tuple[Plan, dict[str, str]]:
+    """The recipe plus one capture per selector of ``harvest.sites``, planned together.
+
+    Returns the plan and each site's module name with the capture action recording it. A selector per
+    action lets one harvest mix globs and kinds of ``@`` site; a module matched twice is refused.
+    """
+    captures = {f"{ACTION}_{i}": selector for i, selector in enumerate(run.sites)}
+    taken = sorted(set(captures) & set(run.actions))
+    if taken:
+        raise ConfigError(f"actions.{taken[0]}: mode=harvest adds its own capture under this name; rename the action")
+    recipe = {**run.actions, **{name: {"kind": "capture", "select": selector} for name, selector in captures.items()}}
     try:
-        plan = compile_plan(run.model, recipe, seed=run.seed, strict=run.strict,
-                            safe=run.safe, example_kwargs={"input_ids": example, **kwargs})  # fmt: skip
+        plan = compile_plan(run.model, recipe, seed=run.seed, strict=run.strict, safe=run.safe,
+                            example_kwargs={"input_ids": example, **kwargs})  # fmt: skip
     except ConfigError as e:
         text = str(e)
-        if not text.startswith(f"actions.{ACTION}."):
+        ours = next((name for name in captures if text.startswith(f"actions.{name}.")), None)
+        if ours is None:
             raise
-        key, _, rest = text.partition(": ")
-        rest = rest.replace(" Set allow_empty: true if that is expected.", "")
+        rest = text.partition(": ")[2].replace(" Set allow_empty: true if that is expected.", "")
         raise ConfigError(f"harvest.sites: {rest}") from None
-    step = next(s for s in plan.steps if s.name == ACTION)
-    names = [t.name for t in step.targets]
-    if not names:
-        raise ConfigError(f"harvest.sites: {run.sites} matched no module; see the names with mode=modules")
+    names: dict[str, str] = {}
+    for step in plan.steps:
+        if step.name not in captures:
+            continue
+        if not step.targets:
+            raise ConfigError(
+                f"harvest.sites: {captures[step.name]!r} matched no module; see the names with mode=modules"
+            )
+        for target in step.targets:
+            if target.name in names:
+                first = captures[names[target.name]]
+                raise ConfigError(
+                    f"harvest.sites: {target.name} is matched by both {first!r} and {captures[step.name]!r}; each"
+                    " module is one site, so give it once"
+                )
+            names[target.name] = step.name
     if TOKENS in names:
         raise ConfigError(f"harvest.sites: a module named {TOKENS!r} would share the folder of the token ids")
     return plan, names
@@ -151,9 +169,9 @@ def rows_per_shard(row_bytes: int, shard_mb: float, batch_size: int) -> int:
     return max(batch_size, fit // batch_size * batch_size)
 
 
-def site_tensor(surgery: Surgery, name: str, rows: int, context: int) -> torch.Tensor:
-    """The one call's tensor the harvest capture recorded on module ``name`` this forward, then forgotten."""
-    record = surgery.captures[ACTION][name]
+def site_tensor(surgery: Surgery, action: str, name: str, rows: int, context: int) -> torch.Tensor:
+    """The one call's tensor capture ``action`` recorded on module ``name`` this forward, then forgotten."""
+    record = surgery.captures[action][name]
     calls = list(record.calls)
     record.calls.clear()
     if len(calls) != 1:
@@ -183,12 +201,12 @@ def _positional(value: Any, rows: int, context: int) -> torch.Tensor | None:
 
 
 def _probe(
-    surgery: Surgery, model: nn.Module, row: torch.Tensor, kwargs: dict[str, Any], names: list[str]
+    surgery: Surgery, model: nn.Module, row: torch.Tensor, kwargs: dict[str, Any], names: dict[str, str]
 ) -> dict[str, list[int]]:
     """Each site's per-token shape, from one row through the surgered model."""
     with torch.no_grad():
         model(input_ids=row, **kwargs)
-    return {n: list(site_tensor(surgery, n, 1, row.shape[1]).shape[2:]) for n in names}
+    return {n: list(site_tensor(surgery, action, n, 1, row.shape[1]).shape[2:]) for n, action in names.items()}
 
 
 def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> None:
@@ -201,7 +219,7 @@ def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> 
 
 
 def _start(
-    run: HarvestRun, names: list[str], shapes: dict[str, list[int]], dtype: torch.dtype, per_shard: int
+    run: HarvestRun, names: dict[str, str], shapes: dict[str, list[int]], dtype: torch.dtype, per_shard: int
 ) -> dict[str, Any]:
     """The manifest of this harvest so far; an earlier one in the directory must be the same harvest."""
     import torch.distributed as dist
@@ -229,8 +247,8 @@ class _Loop:
     """The rows cut into shards; this rank's unfinished ones computed, written in the background."""
 
     def __init__(
-        self, run: HarvestRun, surgery: Surgery, names: list[str], shapes: dict[str, list[int]], dtype: torch.dtype,
-        per_shard: int, writer: ThreadPoolExecutor, kwargs: dict[str, Any], device: torch.device,
+        self, run: HarvestRun, surgery: Surgery, names: dict[str, str], shapes: dict[str, list[int]],
+        dtype: torch.dtype, per_shard: int, writer: ThreadPoolExecutor, kwargs: dict[str, Any], device: torch.device,
         manifest: dict[str, Any],
     ) -> None:  # fmt: skip
         self.job, self.surgery, self.names, self.shapes, self.dtype = run, surgery, names, shapes, dtype
@@ -288,8 +306,8 @@ class _Loop:
             part = ids[start : start + batch].to(self.device, non_blocking=self.pinned)
             with torch.no_grad():
                 self.job.model(input_ids=part, **self.kwargs)
-            for name in self.names:
-                found = site_tensor(self.surgery, name, part.shape[0], context)
+            for name, action in self.names.items():
+                found = site_tensor(self.surgery, action, name, part.shape[0], context)
                 found = found.to(self.dtype)  # converted where it was computed: a GPU copies the smaller tensor
                 buffers[name][start : start + part.shape[0]].copy_(found, non_blocking=self.pinned)
             bar.update(part.numel())
