@@ -157,6 +157,23 @@ def test_a_stopped_harvest_resumes_to_the_same_files(corpus: Corpus, harvested: 
     assert run(corpus, out).computed == 0  # complete: nothing left to do
 
 
+def test_a_larger_limit_tokens_extends_a_finished_harvest(corpus: Corpus, harvested: Path, tmp_path: Path) -> None:
+    out = tmp_path / "activations"
+    assert run(corpus, out, limit_tokens=12 * CONTEXT).computed == 2  # shards of 8 and 4 rows
+    extended = run(corpus, out, limit_tokens=24 * CONTEXT)
+    assert extended.complete and extended.computed == 2  # shard 1 again (4 rows -> 8), shard 2 new
+    full = shard_files(harvested)
+    assert shard_files(out) == {k: v for k, v in full.items() if k.split("shard-")[1] < "00003"}
+
+
+def test_dataloader_workers_read_the_same_items(harvested: Path) -> None:
+    tokens = surgery.activations.open(harvested)
+    alone = next(iter(torch.utils.data.DataLoader(tokens, batch_size=len(tokens))))
+    workers = torch.utils.data.DataLoader(tokens, batch_size=100, num_workers=2)  # each maps the files itself
+    together = {k: torch.cat([b[k] for b in workers]) for k in alone}
+    assert all(torch.equal(together[k], alone[k]) for k in alone)
+
+
 def test_a_different_model_corpus_or_config_is_refused(corpus: Corpus, harvested: Path, tmp_path: Path) -> None:
     from tests.lm_helpers import tiny_gpt2
 
