@@ -91,7 +91,9 @@ def harvest(run: HarvestRun) -> Outcome:
     clock = time.perf_counter()
     rank, world = run.ranks
     rows = iter(run.rows)
-    first = next(rows)  # a corpus without one row is refused here, before anything is written
+    first = next(rows, None)  # a corpus without one row is refused here, before anything is written
+    if first is None:
+        raise ConfigError("input.path: the corpus gives no row of tokens")
     device = _device_of(run.model)
     kwargs = forward_kwargs(run.model)
     plan, names = plan_sites(run, first.unsqueeze(0).to(device), kwargs)
@@ -280,15 +282,17 @@ class _Loop:
                     break
                 done = finished(self.job.directory, self.names, number)
                 stored = stored_ids(self.job.directory, number) if done else None
-                if stored is not None and stored.shape == ids.shape:  # else a last shard that now gets more rows
-                    if not torch.equal(stored, ids):
+                if stored is not None:
+                    shared = min(stored.shape[0], ids.shape[0])  # a last shard may get more rows (larger limit)
+                    if not torch.equal(stored[:shared], ids[:shared]):
                         raise ConfigError(
                             f"input.path: the corpus gives other tokens than the harvest in {self.job.directory}"
                             f" read ({shard_path(self.job.directory, TOKENS, number).name}); rerun with the same"
                             " corpus, or choose another hydra.run.dir"
                         )
-                    bar.update(ids.numel())
-                    continue
+                    if stored.shape == ids.shape:
+                        bar.update(ids.numel())
+                        continue
                 if not self._shard(number, ids, tokens, bar):
                     self.stopped = True
                     break
