@@ -126,6 +126,29 @@ def test_sites_of_several_selectors_and_widths_from_one_forward(corpus: Corpus, 
         assert torch.equal(torch.stack([rows[i][site] for i in range(len(rows))]), expected[site]), site
 
 
+class TinyLM(torch.nn.Module):
+    """A plain PyTorch LM whose forward takes the token ids positionally."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed, self.mix, self.head = torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
+def test_a_plain_pytorch_model_taking_token_ids_positionally(corpus: Corpus, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = TinyLM(len(corpus.tokenizer)).eval()
+    harvest_corpus(model, corpus.tokenizer, corpus.jsonl, tmp_path / "a", ["mix"], context=CONTEXT, batch_size=4,
+                   limit_tokens=8 * CONTEXT, progress=False)  # fmt: skip
+    rows = surgery.activations.open(tmp_path / "a", by="row")
+    ids = torch.stack([rows[i]["input_ids"] for i in range(len(rows))])
+    with torch.no_grad():
+        expected = torch.cat([model.mix(model.embed(part)) for part in ids.split(4)])
+    assert torch.equal(torch.stack([rows[i]["mix"] for i in range(len(rows))]), expected)
+
+
 def test_float16_storage_is_the_outputs_rounded(corpus: Corpus, tmp_path: Path) -> None:
     run(corpus, tmp_path / "a", dtype="float16", limit_tokens=8 * CONTEXT)
     rows = surgery.activations.open(tmp_path / "a", by="row")

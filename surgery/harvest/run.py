@@ -127,7 +127,7 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
     recipe = {**run.actions, **{name: {"kind": "capture", "select": selector} for name, selector in captures.items()}}
     try:
         plan = compile_plan(run.model, recipe, seed=run.seed, strict=run.strict, safe=run.safe,
-                            example_kwargs={"input_ids": example, **kwargs})  # fmt: skip
+                            **_example(example, kwargs))  # fmt: skip
     except ConfigError as e:
         text = str(e)
         ours = next((name for name in captures if text.startswith(f"actions.{name}.")), None)
@@ -157,12 +157,30 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
 
 
 def forward_kwargs(model: nn.Module) -> dict[str, Any]:
-    """Keyword arguments every harvest forward passes besides ``input_ids``: no key/value cache where there is one."""
+    """How every harvest forward passes the token ids: ``input_ids=`` where forward takes it (then no key/value
+    cache where there is one), else positionally; ``{"_positional": True}`` marks the latter."""
     try:
         parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return {}
+    if "input_ids" not in parameters:
+        return {"_positional": True}
     return {"use_cache": False} if "use_cache" in parameters else {}
+
+
+def run_forward(model: nn.Module, ids: torch.Tensor, kwargs: dict[str, Any]) -> None:
+    """``model`` on a batch of token ids, as :func:`forward_kwargs` says, without autograd."""
+    with torch.no_grad():
+        if kwargs.get("_positional"):
+            model(ids)
+        else:
+            model(input_ids=ids, **kwargs)
+
+
+def _example(ids: torch.Tensor, kwargs: dict[str, Any]) -> dict[str, Any]:
+    if kwargs.get("_positional"):
+        return {"example_inputs": (ids,)}
+    return {"example_kwargs": {"input_ids": ids, **kwargs}}
 
 
 def rows_per_shard(row_bytes: int, shard_mb: float, batch_size: int) -> int:
@@ -206,8 +224,7 @@ def _probe(
     surgery: Surgery, model: nn.Module, row: torch.Tensor, kwargs: dict[str, Any], names: dict[str, str]
 ) -> dict[str, list[int]]:
     """Each site's per-token shape, from one row through the surgered model."""
-    with torch.no_grad():
-        model(input_ids=row, **kwargs)
+    run_forward(model, row, kwargs)
     return {n: list(site_tensor(surgery, action, n, 1, row.shape[1]).shape[2:]) for n, action in names.items()}
 
 
@@ -308,8 +325,7 @@ class _Loop:
         stop = self.job.stop_requested
         for start in range(0, n, batch):
             part = ids[start : start + batch].to(self.device, non_blocking=self.pinned)
-            with torch.no_grad():
-                self.job.model(input_ids=part, **self.kwargs)
+            run_forward(self.job.model, part, self.kwargs)
             for name, action in self.names.items():
                 found = site_tensor(self.surgery, action, name, part.shape[0], context)
                 found = found.to(self.dtype)  # converted where it was computed: a GPU copies the smaller tensor
