@@ -83,9 +83,19 @@ def harvest_corpus(
         model, rows, Path(directory), list(settings.sites), context, dict(actions or {}), excluded,
         getattr(torch, settings.dtype) if settings.dtype else None, settings.shard_mb, batch_size,
         None if limit_tokens is None else limit_tokens // context, prints, about, seed, strict, safe, ranks,
-        stop_requested, progress,
+        stop_requested, progress, _estimate(corpus) if limit_tokens is None else None,
     )  # fmt: skip
     return harvest(run)
+
+
+def _estimate(corpus: TextCorpus) -> Callable[[int], int]:
+    """Tokens in the whole corpus, about: the tokens so far scaled by the corpus's size over the text read so far."""
+    size = corpus.size
+
+    def estimate(tokens: int) -> int:
+        return int(tokens * size / corpus.read) if corpus.read else 0
+
+    return estimate
 
 
 def check_context(model: nn.Module, context: int) -> None:

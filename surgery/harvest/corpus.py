@@ -34,6 +34,7 @@ class TextCorpus:
 
     def __init__(self, path: Path, kind: str, column: str, split: str | None, files: list[Path]) -> None:
         self.path, self.kind, self.column, self.split, self.files = path, kind, column, split, files
+        self.read = 0  # characters of text handed out so far: with ``size``, how far through the corpus we are
 
     @classmethod
     def open(cls, config: TextDatasetInput) -> TextCorpus:
@@ -69,6 +70,17 @@ class TextCorpus:
 
     def documents(self) -> Iterator[str]:
         """Every document's text, in order, one at a time."""
+        for text in self._texts():
+            self.read += len(text)
+            yield text
+
+    @property
+    def size(self) -> int:
+        """Bytes of the corpus on disk (the .jsonl, the .txt files, a datasets directory's Arrow files)."""
+        files = self.files if self.kind != "datasets" else list(self.path.rglob("*.arrow"))
+        return sum(f.stat().st_size for f in files)
+
+    def _texts(self) -> Iterator[str]:
         if self.kind == "txt":
             for file in self.files:
                 yield file.read_text(encoding="utf-8", errors="replace")

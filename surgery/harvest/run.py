@@ -74,6 +74,7 @@ class HarvestRun:
     ranks: tuple[int, int] = (0, 1)  # (rank, world size)
     stop_requested: Any = None  # a callable: True when a signal asked to stop (checked after every batch)
     progress: bool = True  # a bar with tokens/s and ETA on a terminal
+    estimate: Any = None  # without limit_rows: a callable, tokens so far -> the corpus's tokens (about), for the ETA
 
 
 @dataclass
@@ -292,6 +293,8 @@ class _Loop:
                 self.rows += ids.shape[0]
                 self.shard_rows.append(ids.shape[0])
                 self.kept.append(int(tokens["kept"].numel()))
+                if total is None and self.job.estimate is not None:  # the ETA from how far through the corpus
+                    bar.total = max(self.job.estimate(self.rows * self.job.context), bar.n)
                 if number % world != rank:
                     continue
                 if self.job.stop_requested is not None and self.job.stop_requested():
