@@ -289,6 +289,19 @@ def test_the_cli_harvest_equals_the_python_one(corpus: Corpus, harvested: Path, 
     assert shard_files(out / "activations") == shard_files(harvested)  # the saved LM is the one in memory
 
 
+def test_safe_mode_refuses_a_harvest_past_its_disk_budget_before_writing(corpus: Corpus, tmp_path: Path) -> None:
+    from surgery.app.job import run_job
+    from tests.test_cli import composed
+
+    out = tmp_path / "run"
+    args = ["+model=gpt2_tiny", "+input=text_dataset", f"input.path={corpus.jsonl}", f"input.tokenizer={corpus.lm}",
+            f"input.context={CONTEXT}", "mode=harvest", "harvest.sites=[transformer.h.*]", "safe=true"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^harvest.shard_mb: the run would write .* more than limits.disk_gb=2e-05"):
+        run_job(composed(*args, "limits.disk_gb=0.00002"), out)
+    assert not (out / "activations").exists()
+    assert run_job(composed(*args), out)["complete"]  # safe mode's 8 GB default admits it
+
+
 def test_cli_bad_input_exits_2_with_one_line(corpus: Corpus, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = subprocess.run(
