@@ -51,18 +51,25 @@ def make_corpus(directory: Path, documents: int) -> Path:
     return path
 
 
-def setup(directory: Path) -> tuple[Any, Any]:
-    """The model and the tokenizer (a word-level tokenizer trained on the word list)."""
-    import torch
+def word_tokenizer() -> Any:
+    """A word-level tokenizer over the corpus's words (ids 0, 1: ``[UNK]``, ``<eos>``), as a transformers one."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    torch.set_num_threads(1)
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator([f"w{i}" for i in range(VOCAB_WORDS)],
                             trainers.WordLevelTrainer(special_tokens=["[UNK]", "<eos>"]))  # fmt: skip
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<eos>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<eos>")
+
+
+def setup(directory: Path) -> tuple[Any, Any]:
+    """The model and the tokenizer (:func:`word_tokenizer`)."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    tokenizer = word_tokenizer()
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, n_positions=CONTEXT,
                                      vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=1)  # fmt: skip
