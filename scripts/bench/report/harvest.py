@@ -1,4 +1,4 @@
-"""Section 12 of BENCHMARKS.md: ``mode=harvest`` against the bare forward, memory at 1× and 10×, read-back."""
+"""Section 14 of BENCHMARKS.md: ``mode=harvest`` against the bare forward, memory at 1× and 10×, read-back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from scripts.bench.report.markdown import load_note, table, yes
 
-TITLE = "## 12. Activation datasets: harvesting a corpus"
+TITLE = "## 14. Activation datasets: harvesting a corpus"
 
 
 def harvest_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
@@ -89,9 +89,9 @@ def harvest_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[s
     ]  # fmt: skip
     misses = []
     if not throughput_met:
-        misses.append(f"harvest: {data['ratio']:.2f}× the bare forward's tokens/s (section 12)")
+        misses.append(f"harvest: {data['ratio']:.2f}× the bare forward's tokens/s (section 14)")
     if not memory_met:
-        misses.append(f"harvest: peak RSS {rss:.2f}× at 10× the tokens (section 12)")
+        misses.append(f"harvest: peak RSS {rss:.2f}× at 10× the tokens (section 14)")
     if not read_met:
-        misses.append(f"harvest: read-back only {read['token']['vs_harvest']:.1f}× the harvest's tokens/s (section 12)")
+        misses.append(f"harvest: read-back only {read['token']['vs_harvest']:.1f}× the harvest's tokens/s (section 14)")
     return md, targets, misses
