@@ -86,6 +86,13 @@ def test_harvested_rows_equal_the_models_own_outputs_bit_for_bit(corpus: Corpus,
     assert manifest["surgery_version"] == surgery.__version__
 
 
+def test_the_reader_names_the_files_the_harvest_writes() -> None:
+    from surgery.activations import dataset
+    from surgery.harvest import shards
+
+    assert (dataset.MANIFEST, dataset.TOKENS) == (shards.MANIFEST, shards.TOKENS)
+
+
 def test_by_token_gives_every_kept_token_in_order(corpus: Corpus, harvested: Path) -> None:
     rows = surgery.activations.open(harvested, by="row")
     tokens = surgery.activations.open(harvested)

@@ -1,16 +1,8 @@
-"""Read an activation dataset (``mode=harvest``'s ``activations/``) as a ``torch.utils.data.Dataset``.
+"""``ActivationDataset``: a harvested activation dataset as a ``torch.utils.data.Dataset``, memory-mapped.
 
 The shard files are memory-mapped (their safetensors header read, the data viewed in place), so opening
 a dataset of any size reads only ``manifest.json``, and an item reads just its own bytes. Shuffling is
 the DataLoader's (``shuffle=True``); each worker maps the files itself.
-
-Example::
-
-    import surgery.activations
-    data = surgery.activations.open("outputs/.../activations")          # one item per kept token
-    data[0]  # {"transformer.h.0": tensor [d], ..., "token": tensor(id)}
-    rows = surgery.activations.open("outputs/.../activations", by="row")
-    rows[0]  # {"input_ids": [context], "transformer.h.0": [context, d], ...}
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ from surgery.errors import ConfigError
 
 __all__ = ["ActivationDataset", "open"]
 
-MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # the names surgery/harvest/shards.py writes (tests/test_harvest.py checks they agree)
 TOKENS = "token_ids"
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32}  # fmt: skip
