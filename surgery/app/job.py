@@ -72,6 +72,10 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 def _bounded_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from surgery.dist.run import run_ranks, wanted
 
+    if cfg.get("mode") == "harvest":  # a corpus into an activation dataset, ranks included (surgery/app/harvest_job.py)
+        from surgery.app.harvest_job import run_harvest_job
+
+        return run_harvest_job(cfg, out_dir)
     if wanted(cfg):  # torchrun: this rank's job, written with the others' into one run directory (surgery/dist)
         return run_ranks(cfg, out_dir, run_job)
     reached = Reached()

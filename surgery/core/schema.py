@@ -67,7 +67,7 @@ __all__ = [  # the action schemas are re-exported so callers need one import
 
 # ---------------------------------------------------------------- run settings
 
-MODES = ("run", "plan", "modules", "generate")
+MODES = ("run", "plan", "modules", "generate", "harvest")
 LOSSES = ("sum", "mse", "cross_entropy", "kl_div")
 LOSS_METRICS = ("logit_diff", "prob", "logit")  # per-example metrics with a gradient (surgery/study/metrics.py)
 LIMIT_KEYS = ("memory_gb", "disk_gb", "count")
@@ -78,7 +78,7 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 class RunSettings:
     """The run settings of ``conf/config.yaml`` (SPEC §2)."""
 
-    mode: str = "run"  # run | plan (what would match, change nothing) | modules (list modules) | generate (text)
+    mode: str = "run"  # run | plan (what would match, change nothing) | modules (list modules) | generate | harvest
     seed: int = 0  # seeds torch, numpy, python; every random init/noise derives from it
     device: str = "cpu"  # cpu | cuda | cuda:N | auto | meta (mode=plan|modules only: no weights are made)
     dtype: str | None = None  # model and input dtype; null: the model's (model.dtype, else as built)
@@ -94,6 +94,7 @@ class RunSettings:
     verbose: bool = False  # full tracebacks on errors; mode=plan|run also list every matched name
     distributed: Any = None  # under torchrun: {wrap: none | ddp | fsdp} (docs/distributed.md)
     study: Any = None  # a grid of interventions scored per example (SPEC §13; surgery/study/config.py)
+    harvest: Any = None  # mode=harvest: {sites, exclude, dtype, shard_mb} (SPEC §17; surgery/harvest/config.py)
     limits: Any = None  # {memory_gb, disk_gb, count}: null is unbounded, or safe=true's 8, 8, 10000 (docs/sharing.md)
 
     def __post_init__(self) -> None:

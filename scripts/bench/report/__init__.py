@@ -21,6 +21,7 @@ from typing import Any
 from scripts.bench.common import ROOT, machine, version_of
 from scripts.bench.report.attribution import attribution_section
 from scripts.bench.report.gpu import gpu_section, last_gpu_run
+from scripts.bench.report.harvest import harvest_section
 from scripts.bench.report.hooks import overhead_section, peers_section, peers_target
 from scripts.bench.report.markdown import load, table
 from scripts.bench.report.merge import MERGEABLE, merge
@@ -31,7 +32,7 @@ from scripts.bench.report.studies import data_section, lm_section, study_section
 
 BENCHES = [
     "overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study", "attribution",
-    "splice",
+    "splice", "harvest",
 ]  # fmt: skip
 BUDGET_S = 600
 
@@ -72,8 +73,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     a_md, a_t, a_m = attribution_section(load(results, "attribution"))
     u_md, u_t, u_m = gpu_section(load(results, "gpu") or last_gpu_run())  # run on a GPU machine, not here
     v_md, v_t, v_m = splice_section(load(results, "splice"))
+    h_md, h_t, h_m = harvest_section(load(results, "harvest"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t + v_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t + v_t + h_t
     lines = [
         "# Benchmarks",
         "",
@@ -104,7 +106,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m + v_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m + v_m + h_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:

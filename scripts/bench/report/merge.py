@@ -14,6 +14,7 @@ from typing import Any
 
 from scripts.bench.report.attribution import attribution_section
 from scripts.bench.report.gpu import gpu_section
+from scripts.bench.report.harvest import harvest_section
 from scripts.bench.report.sections import plan_section, startup_section
 from scripts.bench.report.splices import splice_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
@@ -30,6 +31,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "gpu": (gpu_section, "GPU:"),
     "attribution": (attribution_section, "attribution:"),
     "splice": (splice_section, "splice:"),
+    "harvest": (harvest_section, "harvest:"),
 }
 MISSES = "### Over a target, and why"
 

@@ -1,0 +1,216 @@
+"""``input.kind: text_dataset``: a text corpus streamed, tokenized and packed into rows of ``context`` tokens.
+
+The corpus is a ``datasets`` directory (``save_to_disk``; its ``column``), a ``.jsonl`` file (each line an
+object; its ``column`` key) or a folder of ``.txt`` files (each file one document, read whole, in sorted
+path order). Documents are read one at a time and tokenized without special tokens, a few at a time; the
+token streams are joined end to end with the tokenizer's end-of-text token between two documents, and the
+joined stream is cut into rows of exactly ``context`` tokens (the last, partial row is dropped). Only the
+documents being tokenized and one row are in memory, whatever the corpus's size.
+
+Example::
+
+    corpus = TextCorpus.open(TextDatasetInput(path="./corpus", context=128))
+    for row in packed_rows(tokenizer, corpus.documents(), 128, limit_tokens=10_000):
+        ...  # row: int64 [128]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgery.errors import ConfigError
+from surgery.harvest.config import TextDatasetInput
+
+DOCUMENTS_PER_CALL = 64  # documents tokenized in one call of the (Rust, batched) tokenizer
+
+
+class TextCorpus:
+    """Where a corpus's documents come from, checked before anything is read at length."""
+
+    def __init__(self, path: Path, kind: str, column: str, split: str | None, files: list[Path]) -> None:
+        self.path, self.kind, self.column, self.split, self.files = path, kind, column, split, files
+        self.read = 0  # characters of text handed out so far: with ``size``, how far through the corpus we are
+
+    @classmethod
+    def open(cls, config: TextDatasetInput) -> TextCorpus:
+        """The corpus ``config.path`` names, refused when it is missing, unreadable or lacks ``config.column``."""
+        path = Path(str(config.path)).expanduser()
+        if str(config.path) in ("", "???"):
+            raise ConfigError("input.path: name the corpus: a datasets directory, a .jsonl file or a folder of .txt")
+        if not path.exists():
+            raise ConfigError(
+                f"input.path: {str(path)!r} does not exist; give a datasets directory (save_to_disk), a .jsonl file"
+                " or a folder of .txt files"
+            )
+        if path.is_file():
+            if path.suffix.lower() != ".jsonl":
+                raise ConfigError(
+                    f"input.path: {str(path)!r} is not a .jsonl file; give a .jsonl file, a datasets directory or a"
+                    " folder of .txt files"
+                )
+            corpus = cls(path, "jsonl", config.column, None, [path])
+            corpus._check_jsonl_column()
+            return corpus
+        if any((path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
+            corpus = cls(path, "datasets", config.column, config.split, [])
+            corpus._dataset()  # opened once now: a wrong column or split is refused before anything runs
+            return corpus
+        texts = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not texts:
+            raise ConfigError(
+                f"input.path: {str(path)!r} holds no .txt file and is not a datasets directory; give a folder of"
+                " .txt files, a .jsonl file or a datasets directory (save_to_disk)"
+            )
+        return cls(path, "txt", config.column, None, texts)
+
+    def documents(self) -> Iterator[str]:
+        """Every document's text, in order, one at a time."""
+        for text in self._texts():
+            self.read += len(text)
+            yield text
+
+    @property
+    def size(self) -> int:
+        """Bytes of the corpus on disk (the .jsonl, the .txt files, a datasets directory's Arrow files)."""
+        files = self.files if self.kind != "datasets" else list(self.path.rglob("*.arrow"))
+        return sum(f.stat().st_size for f in files)
+
+    def _texts(self) -> Iterator[str]:
+        if self.kind == "txt":
+            for file in self.files:
+                yield file.read_text(encoding="utf-8", errors="replace")
+        elif self.kind == "jsonl":
+            yield from self._jsonl()
+        else:
+            for chunk in self._dataset().iter(batch_size=DOCUMENTS_PER_CALL):
+                for text in chunk[self.column]:
+                    yield _text(text, f"column {self.column!r}")
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest says about where the corpus came from."""
+        return {"path": str(self.path.resolve()), "kind": self.kind, "column": self.column, "split": self.split}
+
+    def _jsonl(self) -> Iterator[str]:
+        with self.path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise ConfigError(f"input.path: line {number} of {str(self.path)!r} is not JSON ({e})") from None
+                if not isinstance(row, dict) or self.column not in row:
+                    keys = ", ".join(map(str, row)) if isinstance(row, dict) else type(row).__name__
+                    raise ConfigError(
+                        f"input.column: line {number} of {str(self.path)!r} has no {self.column!r} (it has {keys})"
+                    )
+                yield _text(row[self.column], f"line {number}'s {self.column!r}")
+
+    def _check_jsonl_column(self) -> None:
+        """The first line already names the column (a wrong ``column`` is refused before any work)."""
+        next(self._jsonl(), None)
+
+    def _dataset(self) -> Any:
+        try:
+            from datasets import DatasetDict, load_from_disk
+        except ImportError:
+            raise ConfigError("input.path: a datasets directory needs `pip install datasets`") from None
+        from surgery.data.hf import check_directory
+        from surgery.files.paths import read_failure
+
+        check_directory(self.path)
+        try:
+            data = load_from_disk(str(self.path))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"input.path: cannot read {str(self.path)!r} as a datasets directory ({read_failure(e)})"
+            ) from None
+        if isinstance(data, DatasetDict):
+            splits = list(data)
+            split = self.split or (splits[0] if len(splits) == 1 else "train")
+            if split not in data:
+                raise ConfigError(f"input.split: {str(self.path)!r} has splits {', '.join(splits)}; choose one")
+            data, self.split = data[split], split
+        if self.column not in data.column_names:
+            raise ConfigError(
+                f"input.column: {str(self.path)!r} has no column {self.column!r}; its columns:"
+                f" {', '.join(data.column_names)}"
+            )
+        return data.select_columns([self.column])
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"input.column: {what} holds {type(value).__name__} values, not text")
+    return value
+
+
+def end_of_text(tokenizer: Any) -> int:
+    """The token put between two documents: the tokenizer's end-of-text token (refused when it has none)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if not isinstance(eos, int):
+        raise ConfigError(
+            "input.tokenizer: has no end-of-text token (eos_token) to put between documents; use a tokenizer that"
+            " defines one"
+        )
+    return eos
+
+
+def token_stream(tokenizer: Any, documents: Iterator[str]) -> Iterator[list[int]]:
+    """Each document's token ids (no special tokens), the end-of-text token before every document but the first."""
+    eos = end_of_text(tokenizer)
+    first = True
+    pending: list[str] = []
+
+    def encoded(texts: list[str]) -> list[list[int]]:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    for text in documents:
+        if not text:
+            continue
+        pending.append(text)
+        if len(pending) == DOCUMENTS_PER_CALL:
+            for ids in encoded(pending):
+                yield ids if first else [eos, *ids]
+                first = False
+            pending = []
+    if pending:
+        for ids in encoded(pending):
+            yield ids if first else [eos, *ids]
+            first = False
+
+
+def packed_rows(
+    tokenizer: Any, documents: Iterator[str], context: int, limit_tokens: int | None = None, where: str = "input.path"
+) -> Iterator[torch.Tensor]:
+    """Rows of exactly ``context`` token ids (int64), packed from the documents; at most ``limit_tokens`` tokens.
+
+    A corpus holding no text, or fewer tokens than one row, is refused when the first row is asked for.
+    """
+    rows_left = None if limit_tokens is None else limit_tokens // context
+    buffer: list[int] = []
+    seen = 0
+    yielded = 0
+    for ids in token_stream(tokenizer, documents):
+        seen += len(ids)
+        buffer.extend(ids)
+        start = 0
+        while len(buffer) - start >= context:
+            if rows_left is not None and yielded >= rows_left:
+                return
+            row, start = buffer[start : start + context], start + context
+            yielded += 1
+            yield torch.tensor(row, dtype=torch.int64)
+        del buffer[:start]  # once per document: a long document is cut in linear time
+        if rows_left is not None and yielded >= rows_left:
+            return
+    if yielded == 0:
+        what = "holds no text" if seen == 0 else f"holds {seen} tokens, fewer than one row of input.context={context}"
+        raise ConfigError(f"{where}: the corpus {what}; give more text or a smaller input.context")
