@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 import surgery.actions  # noqa: F401 - registers every action kind into surgery.core.steps.KINDS
+import surgery.arch  # noqa: F401 - resolves "@" sites (surgery.core.compiler.SELECTOR_REWRITES)
 import surgery.study as _study_package  # noqa: F401 - loaded first, so the function study() below keeps the name
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan

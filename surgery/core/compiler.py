@@ -8,7 +8,7 @@ Kinds come from ``surgery.core.steps.KINDS``, which ``surgery.actions`` fills wh
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ from surgery.core.steps import KINDS, BindContext, Step
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
 
 SHOWN = 6  # matched names shown per row of the plan table
+SelectorRewrite = Callable[[nn.Module, ModuleIndex, dict[str, Any]], dict[str, Any]]
+SELECTOR_REWRITES: list[SelectorRewrite] = []  # selectors the engine does not know; surgery.arch adds the @ sites
 DDP_NAMES = frozenset({"DistributedDataParallel"})
 
 
@@ -135,7 +137,10 @@ def compile_plan(
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}
     flags: dict[int, bool] = {}  # shared by every action: what earlier ones add and freeze
-    for name, node in load_actions(actions).items():
+    specs = load_actions(actions)
+    for rewrite in SELECTOR_REWRITES:  # e.g. "@mlp.3" becomes the real module names of this architecture
+        specs = rewrite(model, index, specs)
+    for name, node in specs.items():
         where = f"actions.{name}"
         if node is None:
             continue
