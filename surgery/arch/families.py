@@ -29,6 +29,7 @@ class Family:
     mlp_norm: Path  # pre-norm blocks: the MLP's norm, whose input is @resid_mid
     final_norm: Path  # next to the block list
     unembed: Path = None  # from the root; None: get_output_embeddings()
+    embed: Path = None  # next to each block list; None: get_input_embeddings()
     output_only: tuple[str, ...] = ()  # sites standing in for a module the family does not have (its output is right)
     absent: dict[str, str] = field(default_factory=dict)  # site -> why this family has none
     notes: str = ""
@@ -69,8 +70,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("t5", ("T5Block",), attn="layer.0.SelfAttention", attn_out="layer.0.SelfAttention",
            mlp=("layer.2.DenseReluDense", "layer.1.DenseReluDense"),
            mlp_out=("layer.2.DenseReluDense", "layer.1.DenseReluDense"), heads="layer.0.SelfAttention.o",
-           mlp_norm=("layer.2.layer_norm", "layer.1.layer_norm"), final_norm="final_layer_norm",
-           notes="encoder and decoder blocks: @SITE is both stacks, @encoder.SITE / @decoder.SITE one;"
+           mlp_norm=("layer.2.layer_norm", "layer.1.layer_norm"), final_norm="final_layer_norm", embed="embed_tokens",
+           notes="encoder and decoder blocks: @SITE is both stacks, @encoder.SITE / @decoder.SITE one; @embed is each"
+                 " stack's embed_tokens (the tied `shared` is never called);"
                  " @attn is self-attention (cross-attention is layer.1.EncDecAttention)"),
     Family("vit", ("ViTLayer",), attn="attention", attn_out="attention", mlp=("mlp", "intermediate"),
            mlp_out=("mlp", "output.dense"), heads=("attention.o_proj", "attention.output.dense"),

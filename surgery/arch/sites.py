@@ -273,14 +273,15 @@ def _model_level(
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     getter = getattr(model, "get_input_embeddings", None)
-    embed = _name_of(_call(getter), index)
-    if embed is None and "embed" not in absent:
+    embeds = [n for s in stacks if (n := _resolve(_inside(s), family.embed, position))] if family else []
+    embed = None if embeds else _name_of(_call(getter), index)
+    if embed is None and not embeds and "embed" not in absent:
         embed = next((n for n, c in zip(index.names, index.classes) if issubclass(c, nn.Embedding)), None)
-    if embed is None:
+    if embed is None and not embeds:
         absent.setdefault("embed", "no input embedding (get_input_embeddings() gives none)")
-    out["embed"] = [embed] if embed else []
+    out["embed"] = embeds or ([embed] if embed else [])
     norm_path = family.final_norm if family is not None else None
-    norms = [n for s in stacks if (n := _resolve(s.parent if s.parent != "<root>" else "", norm_path, position))]
+    norms = [n for s in stacks if (n := _resolve(_inside(s), norm_path, position))]
     if family is None:
         norms = _structural_norms(index, position, stacks)
     if not norms:
@@ -294,6 +295,11 @@ def _model_level(
         absent.setdefault("unembed", "no output embedding (get_output_embeddings() gives none): no LM head")
     out["unembed"] = [unembed] if unembed else []
     return out
+
+
+def _inside(stack: Stack) -> str:
+    """The prefix of names next to the block list ("" at the root)."""
+    return "" if stack.parent == "<root>" else stack.parent
 
 
 def _call(getter: Any) -> Any:
