@@ -10,11 +10,14 @@ is what ``mode=modules`` and ``mode=plan`` print.
 from __future__ import annotations
 
 from surgery.arch.expand import expand_sites, uses_sites
-from surgery.arch.lens import LogitLens, top_tokens
-from surgery.arch.sites import SITES, SiteMap, site_map
+from surgery.arch.lens import LogitLens, lens_report, top_tokens
+from surgery.arch.sites import SITES, SiteMap, site_map, site_map_text
 from surgery.core.compiler import SELECTOR_REWRITES
 
 if expand_sites not in SELECTOR_REWRITES:
     SELECTOR_REWRITES.append(expand_sites)
 
-__all__ = ["SITES", "LogitLens", "SiteMap", "expand_sites", "site_map", "top_tokens", "uses_sites"]
+__all__ = [
+    "SITES", "LogitLens", "SiteMap", "expand_sites", "lens_report", "site_map", "site_map_text", "top_tokens",
+    "uses_sites",
+]  # fmt: skip

@@ -92,6 +92,8 @@ def _rewrite(
     kind = str(node.get("kind"))
     parsed = _parse(node["select"], f"{where}.select")
     site = parsed[0][1]
+    if "lens" in node and any(s.role == "decoder" for s in sites.stacks):  # a lens reads the decoder's head
+        parsed = [(role or "decoder", s, block) for role, s, block in parsed]
     names: list[str] = []
     for role, _, block in parsed:
         for found in sites.names(site, block, role, f"{where}.select"):

@@ -75,3 +75,22 @@ def top_tokens(logits: torch.Tensor, k: int, decode: Any) -> list[list[list[str]
         flat = flat.unsqueeze(0)
     ids = flat.topk(min(k, flat.shape[-1]), dim=-1).indices.tolist()
     return [[[decode(i) for i in pos] for pos in row] for row in ids]
+
+
+def lens_report(actions: dict[str, Any], captures: dict[str, torch.Tensor], tokenizer: Any) -> dict[str, Any]:
+    """``{action: {"top": K, "tokens": {module: [position][K] tokens of example 0}}}`` for each ``lens`` capture
+    with ``top`` (report.json's ``lens``, report.md's "Logit lens" table); empty without a tokenizer."""
+    out: dict[str, Any] = {}
+    if tokenizer is None:
+        return out
+    for name, node in actions.items():
+        if not isinstance(node, dict) or node.get("lens") is None or not node.get("top"):
+            continue
+        k, prefix = int(node["top"]), f"{name}/"
+        rows = {}
+        for key, logits in captures.items():
+            if key.startswith(prefix) and key.endswith("/output"):
+                module = key[len(prefix) : -len("/output")]
+                rows[module] = top_tokens(logits, k, lambda i: tokenizer.decode([i]))[0]
+        out[name] = {"top": k, "tokens": rows}
+    return out

@@ -389,3 +389,11 @@ def _structural_norms(index: ModuleIndex, position: dict[str, int], stacks: list
                 out.append(name)
                 break
     return out
+
+
+def site_map_text(model: nn.Module) -> str:
+    """The site map as ``mode=modules`` prints it; "" for a model with none (a CNN)."""
+    try:
+        return site_map(model).table()
+    except ConfigError:
+        return ""
