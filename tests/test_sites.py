@@ -328,3 +328,232 @@ def test_patch_resid_equals_patching_by_hand_on_llama(zoo: dict[str, Path], tmp_
     handle.remove()
     assert torch.equal(load_file(str(tmp_path / "output.safetensors"))["output/logits"], expected)
     assert report["difference"]["max_abs"] > 0
+
+
+# ---------------------------------------------------------------- @heads: head selection, patching, GQA
+
+
+def o_proj_input(model: nn.Module, family: str) -> torch.Tensor:
+    kept: dict[str, torch.Tensor] = {}
+    handle = model.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda m, a: kept.update(x=a[0]))
+    logits(model, family)
+    handle.remove()
+    return kept["x"]
+
+
+def test_heads_of_a_grouped_query_model_are_the_query_heads_and_head_picks_them(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "llama")  # 4 query heads, 2 key/value heads
+    assert model.config.num_key_value_heads == 2
+    x = o_proj_input(model, "llama")
+    with surgery.apply(model, {"c": {"kind": "capture", "select": "@heads.0", "head": 1}}) as s:
+        logits(model, "llama")
+        one = s.captures["c"]["model.layers.0.self_attn.o_proj"].input
+    assert torch.equal(one, x.unflatten(-1, (4, 8))[..., 1, :])
+    actions = {"c": {"kind": "capture", "select": "@heads.0", "head": [2, 3], "index": "[:, -1]"}}
+    with surgery.apply(model, actions) as s:
+        logits(model, "llama")
+        two = s.captures["c"]["model.layers.0.self_attn.o_proj"].input
+    assert torch.equal(two, x.unflatten(-1, (4, 8))[:, -1, 2:4, :])
+
+
+def test_zeroing_heads_equals_a_hand_written_pre_hook_on_o_proj(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "llama")
+
+    def zero_heads(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x.unflatten(-1, (4, 8))[..., 1:3, :] = 0
+        return (x,)
+
+    handle = model.model.layers[1].self_attn.o_proj.register_forward_pre_hook(zero_heads)
+    expected = logits(model, "llama")
+    handle.remove()
+    before = Snapshot.of(model)
+    with surgery.apply(model, {"z": {"kind": "modify_output", "select": "@heads.1", "head": [1, 2], "op": "zero"}}):
+        got = logits(model, "llama")
+    before.assert_same(model)
+    assert torch.equal(got, expected) and not torch.equal(got, logits(model, "llama"))
+
+
+def test_patching_one_head_from_a_source_pass_equals_doing_it_by_hand(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "qwen3")  # head_dim 8 set apart from hidden/heads
+    clean = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 10]])}
+    corrupt = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 11]])}
+    o_proj = model.model.layers[0].self_attn.o_proj
+    kept: dict[str, torch.Tensor] = {}
+    handle = o_proj.register_forward_pre_hook(lambda m, a: kept.update(x=a[0]))
+    with torch.no_grad():
+        model(**clean)
+    handle.remove()
+
+    def patch(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x.unflatten(-1, (4, 8))[:, -1, 2, :] = kept["x"].unflatten(-1, (4, 8))[:, -1, 2, :]
+        return (x,)
+
+    handle = o_proj.register_forward_pre_hook(patch)
+    with torch.no_grad():
+        expected = model(**corrupt).logits
+    handle.remove()
+    actions = {
+        "cap": {"kind": "capture", "select": "@heads.0"},
+        "patch": {"kind": "modify_output", "select": "@heads.0", "head": 2, "index": "[:, -1]", "op": "set",
+                  "from": {"capture": "cap"}},
+    }  # fmt: skip
+    with surgery.apply(model, actions) as s, torch.no_grad():
+        with s.source_pass():
+            model(**clean)
+        got = model(**corrupt).logits
+    assert torch.equal(got, expected)
+
+
+# ---------------------------------------------------------------- bad input: one line naming the action, site, model
+
+BAD = [
+    (
+        "mamba",
+        {"kind": "modify_output", "select": "@mlp", "op": "zero"},
+        r"^actions\.a\.select: @mlp does not exist on this model \(mamba: MambaBlock\): Mamba blocks have no attention",
+    ),
+    ("mamba", {"kind": "capture", "select": "@heads"}, r"^actions\.a\.select: @heads does not exist on this model"),
+    (
+        "llama",
+        {"kind": "capture", "select": "@heads", "head": 4},
+        r"^actions\.a\.head: head 4 does not exist: this model \(llama: LlamaDecoderLayer\) has 4 attention heads",
+    ),
+    ("llama", {"kind": "capture", "select": "@heads", "head": [0, 2]}, r"^actions\.a\.head: \[0, 2\] is not a run"),
+    (
+        "llama",
+        {"kind": "capture", "select": "@mlp.2"},
+        r"^actions\.a\.select: @mlp\.2 is past the last block: this model \(llama: LlamaDecoderLayer\) has 2",
+    ),
+    ("llama", {"kind": "capture", "select": "@mlps"}, r"^actions\.a\.select: @mlps is not a site; sites: @embed"),
+    ("llama", {"kind": "capture", "select": ["@mlp", "model.norm"]}, r"^actions\.a\.select: 'model\.norm' mixes"),
+    ("llama", {"kind": "capture", "select": ["@mlp", "@attn"]}, r"^actions\.a\.select: one kind of site per action"),
+    ("llama", {"kind": "capture", "select": "@mlp", "head": 1}, r"^actions\.a\.head: picks attention heads of @heads"),
+    ("llama", {"kind": "freeze", "select": "@heads"}, r"^actions\.a\.kind: @heads is a tensor inside the model"),
+    (
+        "llama",
+        {"kind": "capture", "select": "@resid_pre", "what": ["output"]},
+        r"^actions\.a\.what: @resid_pre sets what to \['input'\] for you",
+    ),
+    (
+        "llama",
+        {"kind": "capture", "select": "@encoder.mlp"},
+        r"^actions\.a\.select: @encoder\. needs an encoder-decoder",
+    ),
+    (
+        "llama",
+        {"kind": "capture", "select": "@unembed.1"},
+        r"^actions\.a\.select: @unembed is one module for the model",
+    ),
+    (
+        "llama",
+        {"kind": "capture", "select": "@resid_post", "lens": "tuned"},
+        r"^actions\.a\.lens: 'tuned' is not a lens",
+    ),
+    (
+        "llama",
+        {"kind": "capture", "select": "@resid_pre", "lens": "logit"},
+        r"^actions\.a\.lens: reads a site's output",
+    ),
+    ("vit", {"kind": "capture", "select": "@resid_post", "lens": "logit"}, r"^actions\.a\.lens: this model \(vit"),
+    (
+        "bert",
+        {"kind": "capture", "select": "@final_norm"},
+        r"^actions\.a\.select: @final_norm does not exist.*post-norm",
+    ),
+    ("opt", {"kind": "modify_input", "select": "@mlp", "op": "zero"}, r"^actions\.a\.kind: @mlp on opt.*output only"),
+]
+
+
+@pytest.mark.parametrize(("family", "action", "message"), BAD)
+def test_a_site_this_model_lacks_is_one_line_naming_the_action_the_site_and_the_model(
+    zoo: dict[str, Path], family: str, action: dict[str, Any], message: str
+) -> None:
+    model = loaded(zoo, family)
+    before = Snapshot.of(model)
+    with pytest.raises(ConfigError, match=message) as e:
+        surgery.plan(model, {"a": action})
+    assert "\n" not in str(e.value)
+    before.assert_same(model)
+
+
+def test_a_model_without_blocks_is_refused_pointing_at_mode_modules() -> None:
+    with pytest.raises(ConfigError, match=r"^actions\.a\.select: this model \(Sequential\) has no known site map.*"
+                                         r"mode=modules"):  # fmt: skip
+        surgery.plan(nn.Sequential(nn.Linear(2, 2)), {"a": {"kind": "capture", "select": "@mlp"}})
+
+
+def test_an_unknown_architecture_is_mapped_by_structure() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2, self.mlp = (
+                nn.LayerNorm(4),
+                nn.Linear(4, 4),
+                nn.LayerNorm(4),
+                nn.Linear(4, 4),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.layers, self.norm = nn.Embedding(8, 4), nn.ModuleList([Block(), Block()]), nn.LayerNorm(4)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            for block in self.layers:
+                x = block(x)
+            return self.norm(x)
+
+    net = Net()
+    sites = {"a": "@mlp", "b": "@resid_mid.1", "c": "@final_norm", "d": "@embed"}
+    plan = surgery.plan(net, {name: {"kind": "capture", "select": site} for name, site in sites.items()})
+    assert [s["matched"] for s in plan.to_dict()] == [["layers.0.mlp", "layers.1.mlp"], ["layers.1.ln_2"], ["norm"],
+                                                      ["embed"]]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"@heads does not exist on this model \(structure \(Block\)\)"):
+        surgery.plan(net, {"a": {"kind": "capture", "select": "@heads"}})
+
+
+def test_a_glob_from_another_architecture_gets_the_closest_names_and_the_site_that_would_match(
+    zoo: dict[str, Path],
+) -> None:
+    from surgery.errors import NoMatchError
+
+    with pytest.raises(NoMatchError) as e:
+        surgery.plan(
+            loaded(zoo, "llama"), {"a": {"kind": "modify_output", "select": "transformer.h.*.mlp", "op": "zero"}}
+        )
+    assert "Closest module names: model.layers.0.mlp, model.layers.1.mlp," in str(e.value)
+    assert "the site @mlp names model.layers.0.mlp (and its like in each of the 2 blocks)" in str(e.value)
+
+
+# ---------------------------------------------------------------- the real entry point: a few subprocess runs
+
+
+def test_cli_modules_and_plan_print_the_site_map_and_a_missing_site_exits_2(
+    zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    from tests.test_cli import cli
+
+    modules = cli("+model=hf", f"model.path={zoo['gemma2']}", "mode=modules", cwd=tmp_path)
+    assert modules.returncode == 0, modules.stderr
+    assert "sites (gemma2: Gemma2DecoderLayer; model.layers: 2 blocks):" in modules.stdout
+    assert "@mlp_out     model.layers.0.post_feedforward_layernorm … model.layers.1.post_feedforward_layernorm (2)" \
+        in modules.stdout  # fmt: skip
+    plan = cli("+model=hf", f"model.path={zoo['opt']}", "+actions=[capture_residual,ablate_mlp]", "mode=plan",
+               f"input.tokenizer={zoo['tokenizer']}", cwd=tmp_path)  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    assert "ablate_mlp        modify_output  forward hook  2  model.decoder.layers.0.fc2, model.decoder.layers.1.fc2" \
+        in plan.stdout  # fmt: skip
+    assert "@mlp         model.decoder.layers.0.fc2 … model.decoder.layers.1.fc2 (2)  [output]" in plan.stdout
+    bad = cli("+model=hf", f"model.path={zoo['mamba']}", "+actions=ablate_mlp", f"input.tokenizer={zoo['tokenizer']}",
+              cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
+        "error: actions.ablate_mlp.select: @mlp does not exist on this model (mamba: MambaBlock): Mamba blocks have no"
+    ), bad.stderr

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from surgery.arch.expand import expand_sites, uses_sites
 from surgery.arch.lens import LogitLens, lens_report, top_tokens
-from surgery.arch.sites import SITES, SiteMap, site_map, site_map_text
-from surgery.core.compiler import SELECTOR_REWRITES
+from surgery.arch.sites import SITES, SiteMap, site_hint, site_map, site_map_text
+from surgery.core.compiler import NO_MATCH_HINTS, SELECTOR_REWRITES
 
 if expand_sites not in SELECTOR_REWRITES:
     SELECTOR_REWRITES.append(expand_sites)
+    NO_MATCH_HINTS.append(site_hint)
 
 __all__ = [
     "SITES", "LogitLens", "SiteMap", "expand_sites", "lens_report", "site_map", "site_map_text", "top_tokens",

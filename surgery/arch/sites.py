@@ -24,6 +24,7 @@ BLOCK_SITES = ("blocks", "resid_pre", "resid_mid", "resid_post", "attn", "attn_o
 MODEL_SITES = ("embed", "final_norm", "unembed")
 SITES = ("embed", *BLOCK_SITES, "final_norm", "unembed")
 STACK_ROLES = ("encoder", "decoder")
+HINT_ORDER = ("mlp", "attn", "attn_out", "mlp_out", "heads", "resid_mid", "blocks", "embed", "final_norm", "unembed")
 
 # the structural fallback: children of a block, by the roles their names show
 _ROLE_NAMES = {
@@ -397,3 +398,21 @@ def site_map_text(model: nn.Module) -> str:
         return site_map(model).table()
     except ConfigError:
         return ""
+
+
+def site_hint(index: ModuleIndex, close: list[str]) -> str:
+    """ " The site @mlp names model.layers.0.mlp ..." when a site would have matched the closest name; else ""."""
+    if not close or not len(index):
+        return ""
+    try:
+        sites = site_map(index.modules[0], index)
+    except ConfigError:
+        return ""
+    for site in HINT_ORDER:
+        if site in sites.absent:
+            continue
+        found = sites.model_level[site] if site in MODEL_SITES else [n for per in sites.per_block[site] for n in per]
+        if close[0] in found:
+            every = f" (and its like in each of the {len(found)} blocks)" if len(found) > 1 else ""
+            return f" On this architecture ({sites.family}) the site @{site} names {close[0]}{every}."
+    return ""

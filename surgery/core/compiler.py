@@ -25,6 +25,7 @@ from surgery.errors import ConfigError, NoMatchError, did_you_mean
 SHOWN = 6  # matched names shown per row of the plan table
 SelectorRewrite = Callable[[nn.Module, ModuleIndex, dict[str, Any]], dict[str, Any]]
 SELECTOR_REWRITES: list[SelectorRewrite] = []  # selectors the engine does not know; surgery.arch adds the @ sites
+NO_MATCH_HINTS: list[Callable[[ModuleIndex, list[str]], str]] = []  # more to say about the closest names (sites)
 DDP_NAMES = frozenset({"DistributedDataParallel"})
 
 
@@ -296,9 +297,11 @@ def _match(cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Targe
     if select is not None:
         by_name = index.select(select, None, exclude, f"{where}.select")
         if not by_name:
+            close = closest_names(select[0], names)
+            hint = "".join(found(index, close) for found in NO_MATCH_HINTS)
             raise NoMatchError(
                 f"{where}.select: {_quote(select)} matched no module. Closest module names:"
-                f" {', '.join(closest_names(select[0], names))}. Set allow_empty: true if that is expected."
+                f" {', '.join(close)}.{hint} Set allow_empty: true if that is expected."
             )
         present = sorted({type(t.module).__name__ for t in by_name})
         raise NoMatchError(
