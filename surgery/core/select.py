@@ -24,9 +24,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -140,7 +140,11 @@ class ModuleIndex:
     ) -> list[Target]:
         """Modules whose name matches ``select`` (None: all) and whose class matches ``types``,
         minus names matching ``exclude``; in order."""
-        name_ok = None if select is None else glob_regex(select, f"{where}.select").fullmatch
+        name_ok: Callable[[str], Any] | None
+        if select is not None and not any(GLOB_CHARS.search(p) for p in select):
+            name_ok = frozenset(select).__contains__  # exact names (what a site resolves to): no regex to build
+        else:
+            name_ok = None if select is None else glob_regex(select, f"{where}.select").fullmatch
         type_ok = None if types is None else type_matcher(types, f"{where}.type")
         excluded = glob_regex(exclude or [], f"{where}.exclude").fullmatch
         rows: Iterable[int] = range(len(self.names))

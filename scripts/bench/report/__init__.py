@@ -25,8 +25,11 @@ from scripts.bench.report.merge import MERGEABLE, merge
 from scripts.bench.report.scale import ddp_section, meta_section
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
+from scripts.bench.sites import sites_section
 
-BENCHES = ["overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study"]
+BENCHES = [
+    "overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study", "sites",
+]  # fmt: skip
 BUDGET_S = 600
 
 
@@ -63,8 +66,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     x_md, x_t, x_m = meta_section(load(results, "meta"))
     g_md, g_t, g_m = ddp_section(load(results, "ddp"))
     y_md, y_t, y_m = study_section(load(results, "study"))
+    z_md, z_t, z_m = sites_section(load(results, "sites"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + z_t
     lines = [
         "# Benchmarks",
         "",
@@ -95,7 +99,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + z_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -118,6 +122,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         + x_md
         + g_md
         + y_md
+        + z_md
     )
     return "\n".join(lines).rstrip() + "\n"
 

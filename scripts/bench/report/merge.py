@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
+from scripts.bench.sites import sites_section
 
 Section = Callable[[dict[str, Any] | None], tuple[list[str], list[list[str]], list[str]]]
 # name → (section function, how its misses start)
@@ -21,6 +22,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "lm": (lm_section, "generate:"),
     "training": (training_section, "training:"),
     "study": (study_section, "study:"),
+    "sites": (sites_section, "sites:"),
 }
 MISSES = "### Over a target, and why"
 
