@@ -557,3 +557,99 @@ def test_cli_modules_and_plan_print_the_site_map_and_a_missing_site_exits_2(
     assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
         "error: actions.ablate_mlp.select: @mlp does not exist on this model (mamba: MambaBlock): Mamba blocks have no"
     ), bad.stderr
+
+
+# ---------------------------------------------------------------- studies: @SITE.{var}
+
+
+def test_a_study_over_sites_equals_the_same_study_written_with_names(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "llama")
+    clean = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
+    corrupt = torch.tensor([[5, 6, 7, 8, 10], [9, 8, 7, 6, 11]])
+    metrics = [{"logit_diff": {"correct": 3, "wrong": 4}}]
+    by_site = {
+        "cap": {"kind": "capture", "select": "@resid_pre.{layer}"},
+        "patch": {"kind": "modify_input", "select": "@resid_pre.{layer}", "op": "set", "index": "[:, {pos}]",
+                  "from": {"capture": "cap"}},
+    }  # fmt: skip
+    by_name = {
+        "cap": {"kind": "capture", "select": "model.layers.{layer}", "what": ["input"], "item": "hidden_states"},
+        "patch": {"kind": "modify_input", "select": "model.layers.{layer}", "op": "set", "index": "[:, {pos}]",
+                  "item": "hidden_states", "from": {"capture": "cap", "what": "input"}},
+    }  # fmt: skip
+    grid = {"layer": "0:2", "pos": "all"}
+    for cells in (1, "auto"):
+        a = surgery.study(model, by_site, grid, corrupt, metrics, source=clean, batch_cells=cells)
+        b = surgery.study(model, by_name, grid, corrupt, metrics, source=clean, batch_cells=cells)
+        assert torch.equal(a.values["logit_diff"], b.values["logit_diff"])
+    assert a.values["logit_diff"].abs().sum() > 0
+
+    heads_by_site = {
+        "cap": {"kind": "capture", "select": "@heads.{layer}"},
+        "patch": {"kind": "modify_output", "select": "@heads.{layer}", "head": "{h}", "op": "set",
+                  "from": {"capture": "cap"}},
+    }  # fmt: skip
+    o_proj = "model.layers.{layer}.self_attn.o_proj"
+    heads_by_name = {
+        "cap": {"kind": "capture", "select": o_proj, "what": ["input"], "item": 0, "heads": 4},
+        "patch": {"kind": "modify_input", "select": o_proj, "heads": 4, "index": "[..., {h}, :]", "op": "set",
+                  "from": {"capture": "cap", "what": "input"}},
+    }  # fmt: skip
+    grid = {"layer": "0:2", "h": [0, 1, 2, 3]}
+    a = surgery.study(model, heads_by_site, grid, corrupt, metrics, source=clean, batch_cells=1)
+    b = surgery.study(model, heads_by_name, grid, corrupt, metrics, source=clean, batch_cells=1)
+    assert torch.equal(a.values["logit_diff"], b.values["logit_diff"])
+    assert a.values["logit_diff"].shape == (2, 4, 2)
+
+
+def test_safe_mode_admits_the_lens_and_sites(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "gpt2")
+    plan = surgery.plan(model, "logit_lens", safe=True)
+    assert repr(plan.steps[0].config.fn) == "logit lens (transformer.ln_f → lm_head)"
+
+
+def test_the_shipped_recipes_on_t5_encoder_and_decoder(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "t5")
+    clean = logits(model, "t5")
+    with surgery.apply(model, "capture_residual") as s:
+        logits(model, "t5")
+        assert list(s.captures["capture_residual"]) == by_hand_names("t5", "blocks")
+    for recipe in ("ablate_mlp", "scale_attention"):
+        with surgery.apply(model, recipe):
+            assert not torch.equal(logits(model, "t5"), clean)
+    with surgery.apply(model, "logit_lens") as s:
+        out = logits(model, "t5")
+        assert torch.equal(s.captures["logit_lens"]["decoder.block.1"].output, out)
+    decoder_only = {"a": {"kind": "modify_output", "select": "@decoder.mlp.1", "op": "zero"}}
+    assert surgery.plan(model, decoder_only).to_dict()[0]["matched"] == ["decoder.block.1.layer.2.DenseReluDense"]
+
+
+@pytest.mark.cuda
+def test_a_site_recipe_on_cuda_equals_the_cpu_run(zoo: dict[str, Path]) -> None:
+    device = torch.device("cuda")
+    actions = {
+        "lens": {"kind": "capture", "select": "@resid_post", "lens": "logit"},
+        "heads": {"kind": "modify_output", "select": "@heads.0", "head": 1, "op": "zero"},
+        "mlp": {"kind": "modify_output", "select": "@mlp.1", "op": "mul", "value": 0.5},
+    }
+    results = {}
+    for where in (torch.device("cpu"), device):
+        model = load_pretrained(zoo["llama"]).to(where)
+        batch = {k: v.to(where) for k, v in example("llama").items()}
+        with surgery.apply(model, actions) as s, torch.no_grad():
+            out = model(**batch).logits
+            lens = {k: r.output.cpu() for k, r in s.captures["lens"].items()}
+        results[where.type] = (out.cpu(), lens)
+    (cpu_out, cpu_lens), (gpu_out, gpu_lens) = results["cpu"], results["cuda"]
+    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-4, atol=1e-5)
+    assert list(gpu_lens) == list(cpu_lens) == ["model.layers.0", "model.layers.1"]
+    for name in cpu_lens:
+        torch.testing.assert_close(gpu_lens[name], cpu_lens[name], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gpu_lens["model.layers.1"], gpu_out, rtol=0, atol=0)
+
+
+def test_an_attribution_study_over_heads_is_refused(zoo: dict[str, Path]) -> None:
+    actions = {"z": {"kind": "modify_output", "select": "@heads.{layer}", "op": "zero"}}
+    with pytest.raises(ConfigError, match=r"attribution does not take a heads view \(@heads\); use method: patch"):
+        surgery.study(loaded(zoo, "llama"), actions, {"layer": "0:2"}, torch.tensor([[5, 6, 7]]),
+                      [{"logit_diff": {"correct": 3, "wrong": 4}}], method="attribution")  # fmt: skip

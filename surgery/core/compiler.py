@@ -65,6 +65,7 @@ class Plan:
     strict: bool = True
     safe: bool = False
     index: ModuleIndex | None = field(default=None, repr=False)  # every module, after replacements
+    specs: dict[str, Any] | None = field(default=None, repr=False)  # the actions as compiled (sites resolved)
     _warnings: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -167,7 +168,7 @@ def compile_plan(
         plan.steps.append(step)
         if step.replaced:
             index = ModuleIndex.from_targets(_with_replacements(index.targets(), step.replaced))
-    plan.index = index
+    plan.index, plan.specs = index, specs
     for step in plan.steps:
         if step.enabled and step.after_plan is not None:
             step.after_plan()
