@@ -653,3 +653,13 @@ def test_an_attribution_study_over_heads_is_refused(zoo: dict[str, Path]) -> Non
     with pytest.raises(ConfigError, match=r"attribution does not take a heads view \(@heads\); use method: patch"):
         surgery.study(loaded(zoo, "llama"), actions, {"layer": "0:2"}, torch.tensor([[5, 6, 7]]),
                       [{"logit_diff": {"correct": 3, "wrong": 4}}], method="attribution")  # fmt: skip
+
+
+def test_a_lens_on_modules_selected_by_name_is_the_same_lens(zoo: dict[str, Path]) -> None:
+    model = loaded(zoo, "qwen2")
+    by_name = {"l": {"kind": "capture", "select": "model.layers.*", "lens": "logit", "top": 2}}
+    with surgery.apply(model, by_name) as s:
+        out = logits(model, "qwen2")
+        assert torch.equal(s.captures["l"]["model.layers.1"].output, out)
+    with pytest.raises(ConfigError, match=r"^actions\.l\.lens: needs this model's final norm and unembedding"):
+        surgery.plan(nn.Sequential(nn.Linear(2, 2)), {"l": {"kind": "capture", "lens": "logit"}})

@@ -39,12 +39,21 @@ def uses_sites(node: Any) -> bool:
 
 def expand_sites(model: nn.Module, index: ModuleIndex, actions: dict[str, Any]) -> dict[str, Any]:
     """``actions`` with every ``@`` site replaced by this model's modules (unchanged when none names a site)."""
-    if not any(uses_sites(node) for node in actions.values()):
+    if not any(uses_sites(node) or _lens_by_name(node) for node in actions.values()):
         return actions
     out: dict[str, Any] = {}
     recorded: dict[str, str] = {}  # a site capture's name -> the side it records (input/output)
     for name, node in actions.items():
         where = f"actions.{name}"
+        if _lens_by_name(node):  # lens: logit on modules selected by name: the same lens, no site needed
+            node = dict(node)
+            extra = {k: node.pop(k) for k in SITE_KEYS if k in node}
+            try:
+                sites = site_map(model, index)
+            except ConfigError as e:
+                raise ConfigError(f"{where}.lens: needs this model's final norm and unembedding: {e}") from None
+            out[name] = _lens(node, sites, "", extra, where, str(node.get("kind")), index)
+            continue
         if not uses_sites(node):
             out[name] = _read_from(node, recorded)
             continue
@@ -54,6 +63,11 @@ def expand_sites(model: nn.Module, index: ModuleIndex, actions: dict[str, Any]) 
             raise ConfigError(f"{where}.select: {e}".replace("select: select: ", "select: ")) from None
         out[name] = _rewrite(dict(node), sites, where, recorded, name, index)
     return out
+
+
+def _lens_by_name(node: Any) -> bool:
+    """A ``lens`` (or ``top``) on an action that selects by name or type, not by site."""
+    return isinstance(node, Mapping) and ("lens" in node or "top" in node) and not uses_sites(node)
 
 
 def _read_from(node: Any, recorded: dict[str, str]) -> Any:
@@ -222,5 +236,5 @@ def _lens(
     for key in ("what", "item", "index", "fn", "reduce"):
         if key in node:
             raise ConfigError(f"{where}.{key}: lens records the logits of the site's output; drop {key}")
-    node["fn"] = LogitLens.of(sites, index, node["select"], where)
+    node["fn"] = LogitLens.of(sites, index, node["select"] if site else [], where)
     return node

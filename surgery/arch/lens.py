@@ -39,10 +39,11 @@ class LogitLens:
             decoder = [s for s in sites.stacks if s.role == "decoder"]
             prefix = decoder[0].parent + "." if decoder else ""
             outside = [n for n in selected if prefix and not n.startswith(prefix)]
-            if not decoder or outside:
+            if not decoder or outside or not selected:
+                what = repr(outside[0]) if outside else "a module selected by name"
                 raise ConfigError(
-                    f"{where}.lens: reads the decoder's unembedding; {outside[0] if outside else selected[0]!r} is not"
-                    " in the decoder: select @decoder.SITE"
+                    f"{where}.lens: reads the decoder's unembedding; {what} may not be in the decoder:"
+                    " select @decoder.SITE"
                 )
             norms = [n for n in norms if n.startswith(prefix)]
         norm = index.modules[position[norms[0]]] if norms else None
