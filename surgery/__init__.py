@@ -15,6 +15,7 @@ from torch import nn
 
 import surgery.actions  # noqa: F401 - registers every action kind into surgery.core.steps.KINDS
 import surgery.activations as activations  # surgery.activations.open(DIR): a harvested activation dataset
+import surgery.arch  # noqa: F401 - resolves "@" sites (surgery.core.compiler.SELECTOR_REWRITES)
 import surgery.splice  # noqa: F401 - registers kind: splice (surgery/splice/)
 import surgery.study as _study_package  # noqa: F401 - loaded first, so the function study() below keeps the name
 from surgery.core.compiler import Plan, compile_plan

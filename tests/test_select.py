@@ -506,8 +506,8 @@ SUGGEST_FROM = [
         # the prefix stops at the first wildcard; names sharing it, in model order, up to n
         ("enc*", 3, ["encoder", "encoder.layer.0", "encoder.layer.0.attn"]),
         ("decoder.*.x", 5, ["decoder", "decoder.proj", "encoder", "encoder.layer.1", "encoder.layer.0"]),
-        # nothing similar and no prefix: the first n names
-        ("**.attn", 5, ["<root>", "encoder", "encoder.layer.0", "encoder.layer.0.attn", "encoder.layer.1"]),
+        # nothing similar and no prefix: names whose last segments are alike (issue 28), else the first n names
+        ("**.attn", 5, ["encoder.layer.0.attn", "encoder.layer.1.attn", "head", "<root>", "encoder"]),
         ("zzz", 3, ["<root>", "encoder", "encoder.layer.0"]),
         # dots left at either end or doubled by a dropped wildcard would push the ratio below 0.5
         ("proj.", 5, ["decoder.proj"]),

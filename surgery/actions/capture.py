@@ -63,11 +63,11 @@ class Capture(Kind):
             raise ConfigError(f"{ctx.where}.stop: stop ends the root's forward early; select a module inside it")
         named = want_input and isinstance(cfg.item, str)  # a named input: where forward takes it by position
         positions = {id(t.module): input_position(t, cfg.item, ctx.where) for t in targets} if named else {}
-        checks = [(t, ShapeCheck(ctx.where, w, item_of(cfg, w), index, cfg.index, None, "")) for t in targets
-                  for w in cfg.what if cfg.item is not None or index is not None]  # fmt: skip
+        checks = [(t, ShapeCheck(ctx.where, w, item_of(cfg, w), index, cfg.index, None, "", cfg.heads)) for t in targets
+                  for w in cfg.what if cfg.item is not None or index is not None or cfg.heads is not None]  # fmt: skip
 
         plain_inputs = (want_input and not want_output and cfg.item is None and index is None and cfg.detach
-                        and not (cfg.clone or cfg.always))  # fmt: skip
+                        and cfg.heads is None and not (cfg.clone or cfg.always))  # fmt: skip
 
         def apply(ledger: Ledger) -> None:
             if cfg.to == "disk":
@@ -83,7 +83,7 @@ class Capture(Kind):
                 if transform is not None:
                     hook = _transformed_hook(record, transform, cfg.detach, cfg.keep == "last", action, target.name)
                     hook_on(ledger, target.module.register_forward_hook, hook, cfg)
-                elif not want_input and cfg.item is None and index is None and not cfg.clone:
+                elif not want_input and cfg.item is None and index is None and not cfg.clone and cfg.heads is None:
                     hook = output_hook(record, cfg.detach, cfg.keep == "last")  # as cheap as a hand-written hook
                     hook_on(ledger, target.module.register_forward_hook, hook, cfg)
                 elif plain_inputs:

@@ -78,10 +78,12 @@ def input_hook(record: Record, last: bool) -> Callable[..., None]:
     return keep
 
 
-def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool) -> Any:
-    """What a record keeps of an input/output: ``item``, then ``index`` (a copy: the rest is not held)."""
+def _part(value: Any, item: Any, index: tuple | None, detach: bool, clone: bool, heads: int | None = None) -> Any:
+    """What a record keeps of an input/output: ``item``, viewed as ``heads``, then ``index`` (a copy)."""
     if item is not None:
         value = get_item(value, item)
+    if heads is not None and isinstance(value, torch.Tensor):
+        value = value.unflatten(-1, (heads, -1))
     if index is not None:
         value = value[index]
     if clone or index is not None:
@@ -105,7 +107,8 @@ def register_calls(
     want_input, want_output = "input" in cfg.what, "output" in cfg.what
     detach, clone, last, action, name = cfg.detach, cfg.clone, cfg.keep == "last", ledger.action, target.name
     calls = record.calls
-    in_item, out_item = item_of(cfg, "input") if (cfg.item is not None or index is not None) else None, cfg.item
+    viewed = cfg.item is not None or index is not None or cfg.heads is not None
+    in_item, out_item, heads = item_of(cfg, "input") if viewed else None, cfg.item, cfg.heads
 
     def store(call: Call) -> None:
         if last:
@@ -116,7 +119,7 @@ def register_calls(
     def inputs(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if in_item is not None:  # a position, or a name: by keyword, else at its place in forward's signature
             came, at = input_at(args, kwargs, in_item, position)
-            call.input = _part(came, at, index, detach, clone)
+            call.input = _part(came, at, index, detach, clone, heads)
         else:
             call.input = _part(args, None, None, detach, clone)
             call.kwargs = _part(kwargs, None, None, detach, clone) if kwargs else None
@@ -126,7 +129,7 @@ def register_calls(
     def outputs(call: Call, output: Any) -> None:
         if index is not None and out_item is None and not isinstance(output, torch.Tensor):
             raise KeyedError("index", not_a_tensor_to_cut("output", output))
-        call.output = _part(output, out_item, index, detach, clone)
+        call.output = _part(output, out_item, index, detach, clone, heads)
         if not (clone or index is not None):
             call.stamps = (call.stamps or ()) + stamps_of(call.output)
 

@@ -214,11 +214,11 @@ def _register_with_kwargs(
 def _shape_checks(cfg: Any, targets: list[Target], where: str, what: str) -> list[tuple[Target, ShapeCheck]]:
     """Probe-forward checks: ``index`` fits, and a file or tensor source broadcasts onto what it writes."""
     found = source_shape(cfg, where)
-    if found is None and cfg.index is None:
+    if found is None and cfg.index is None and cfg.heads is None:
         return []
     index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
     shape, source = found if found is not None else (None, "")
-    check = ShapeCheck(where, what, cfg.item, index, cfg.index, shape, source)
+    check = ShapeCheck(where, what, cfg.item, index, cfg.index, shape, source, cfg.heads)
     return [(t, check) for t in targets]
 
 
@@ -226,7 +226,22 @@ def _make_op(cfg: Any, targets: list[Target], ctx: BindContext, var: str) -> Cal
     """The op of a modify kind, its sources checked against the steps before it."""
     if cfg.function is not None and isinstance(cfg.from_, dict) and "capture" in cfg.from_:
         raise ConfigError(f"{ctx.where}.from: a capture source is read on module calls, not with function:")
-    return make_op(cfg, ctx.where, ctx.seed, ctx.name, var, ctx.safe, SourceContext(ctx.earlier, targets, ctx.root))
+    build = make_op(cfg, ctx.where, ctx.seed, ctx.name, var, ctx.safe, SourceContext(ctx.earlier, targets, ctx.root))
+    return build if cfg.heads is None else _viewed(build, int(cfg.heads))
+
+
+def _viewed(build: Callable[..., Any], heads: int) -> Callable[..., Any]:
+    """``build`` whose op sees the tensor as ``[..., heads, d_head]`` (the @heads site) and returns it flat again."""
+
+    def build_viewed(ledger: Any = None) -> Callable[..., Any]:
+        op = build(ledger)
+
+        def viewed(t: torch.Tensor, m: nn.Module) -> torch.Tensor:
+            return op(t.unflatten(-1, (heads, -1)), m).flatten(-2)
+
+        return viewed
+
+    return build_viewed
 
 
 @KINDS.register()

@@ -17,7 +17,8 @@ from surgery.app.interrupt import Interrupted, Interrupts, exit_code, remove_tem
 from surgery.app.prepare import Job, Reached, prepare
 from surgery.app.report import difference, environment, fingerprint, first_tensor, output_tensors, stats
 from surgery.app.scoring import Scoring, summary
-from surgery.core.compiler import Plan
+from surgery.arch import lens_report, site_map_text, uses_sites
+from surgery.core.compiler import Plan, load_actions
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.output import say
 from surgery.core.records import flatten_captures
@@ -124,6 +125,8 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
     job.interrupts, job.reached = interrupts, reached
     reached.mode, reached.batches = job.settings.mode, job.batches
     say(job.plan)
+    if job.settings.mode == "plan" and any(uses_sites(a) for a in load_actions(cfg.get("actions")).values()):
+        say(site_map_text(job.model))  # site -> real module names (SPEC §16)
     if job.settings.verbose:
         from surgery.app.report import every_match
 
@@ -151,6 +154,7 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
         return report
     body, captures, saved, output = surgered_run(job, out_dir, prints)
     report.update(body)
+    report["lens"] = lens_report(load_actions(job.cfg.get("actions")), captures, job.data.tokenizer) or None
     if captures:
         write_tensors(out_dir / "captures.safetensors", captures)
     if saved is not None:

@@ -90,6 +90,9 @@ def prepare(cfg: DictConfig) -> Job | None:
     model = wrapped(model)  # distributed.wrap=ddp|fsdp on a torchrun rank; as it is otherwise (surgery/dist/run.py)
     if settings.mode == "modules":
         say(module_table(model))
+        from surgery.arch import site_map_text  # where each @ site lives in this model (SPEC §16)
+
+        say(site_map_text(model) or "sites: none (no known architecture and no repeated block list)")
         return None
     spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}), model)
     made_on = input_device(device)  # meta: drawn on cpu, batch 0 moved to meta for the probe (surgery/app/build.py)

@@ -53,6 +53,7 @@ def render_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[
         _difference(report.get("difference"), "original_output" in report or "difference" in report),
         _backward(report.get("backward")),
         _captures(report.get("captures"), out_dir),
+        _lens(report.get("lens")),
         _images(images, out_dir),
         _key_values("Timings", {k.removesuffix("_s"): _seconds(v) for k, v in _dict(report, "timings")}),
         _key_values("Environment", dict(_dict(report, "environment"))),
@@ -89,6 +90,24 @@ def _generation(generate: Any) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _lens(lens: Any) -> str:
+    """``lens: logit`` captures with ``top``: per block (rows) and position (columns), the top tokens of example 0."""
+    if not lens:
+        return ""
+    parts = []
+    for action, found in lens.items():
+        rows = found.get("tokens") or {}
+        if not rows:
+            continue
+        width = max(len(v) for v in rows.values())
+        table = [["module", *(f"pos {i}" for i in range(width))]]
+        table += [[_code(module), *(" · ".join(repr(t)[1:-1] for t in pos) for pos in positions)]
+                  for module, positions in rows.items()]  # fmt: skip
+        title = f"### {_escape(action)}: top {found.get('top')} tokens per position (example 0)"
+        parts.append(f"{title}\n\n{_table(table)}")
+    return "## Logit lens\n\n" + "\n\n".join(parts) if parts else ""
 
 
 def _metric_cell(value: Any, signed: bool = False) -> str:

@@ -72,9 +72,12 @@ def _own(obj: Any) -> bool:
     return not qualname.startswith("_") and getattr(module, qualname, None) is obj
 
 
+OWN_TRANSFORMS: set[type] = set()  # classes whose instances surgery itself builds for a config (surgery.arch's lens)
+
+
 def allowed_object(obj: Any) -> bool:
     """Whether a resolved callable is on the safe-mode allowlist (by identity, never by name)."""
-    return id(obj) in _allowed_objects() or _own(obj)
+    return id(obj) in _allowed_objects() or _own(obj) or type(obj) in OWN_TRANSFORMS
 
 
 def _resolve(target: Any) -> Any:

@@ -8,7 +8,7 @@ Kinds come from ``surgery.core.steps.KINDS``, which ``surgery.actions`` fills wh
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,9 @@ from surgery.core.steps import KINDS, BindContext, Step
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
 
 SHOWN = 6  # matched names shown per row of the plan table
+SelectorRewrite = Callable[[nn.Module, ModuleIndex, dict[str, Any]], dict[str, Any]]
+SELECTOR_REWRITES: list[SelectorRewrite] = []  # selectors the engine does not know; surgery.arch adds the @ sites
+NO_MATCH_HINTS: list[Callable[[ModuleIndex, list[str]], str]] = []  # more to say about the closest names (sites)
 DDP_NAMES = frozenset({"DistributedDataParallel"})
 
 
@@ -62,6 +65,7 @@ class Plan:
     strict: bool = True
     safe: bool = False
     index: ModuleIndex | None = field(default=None, repr=False)  # every module, after replacements
+    specs: dict[str, Any] | None = field(default=None, repr=False)  # the actions as compiled (sites resolved)
     _warnings: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -137,7 +141,10 @@ def compile_plan(
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}
     flags: dict[int, bool] = {}  # shared by every action: what earlier ones add and freeze
-    for name, node in load_actions(actions).items():
+    specs = load_actions(actions)
+    for rewrite in SELECTOR_REWRITES:  # e.g. "@mlp.3" becomes the real module names of this architecture
+        specs = rewrite(model, index, specs)
+    for name, node in specs.items():
         where = f"actions.{name}"
         if node is None:
             continue
@@ -163,7 +170,7 @@ def compile_plan(
         plan.steps.append(step)
         if step.replaced:
             index = ModuleIndex.from_targets(_with_replacements(index.targets(), step.replaced))
-    plan.index = index
+    plan.index, plan.specs = index, specs
     for step in plan.steps:
         if step.enabled and step.after_plan is not None:
             step.after_plan()
@@ -341,9 +348,11 @@ def _match(cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Targe
     if select is not None:
         by_name = index.select(select, None, exclude, f"{where}.select")
         if not by_name:
+            close = closest_names(select[0], names)
+            hint = "".join(found(index, close) for found in NO_MATCH_HINTS)
             raise NoMatchError(
                 f"{where}.select: {_quote(select)} matched no module. Closest module names:"
-                f" {', '.join(closest_names(select[0], names))}. Set allow_empty: true if that is expected."
+                f" {', '.join(close)}.{hint} Set allow_empty: true if that is expected."
             )
         present = sorted({type(t.module).__name__ for t in by_name})
         raise NoMatchError(

@@ -80,6 +80,8 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
         picked = _item(target, check, value)
     if not isinstance(picked, torch.Tensor):
         return  # not a tensor here: the hook reports it
+    if check.heads is not None:
+        picked = _heads_view(target, check, picked)
     full = tuple(picked.shape)
     if check.index is not None:
         try:
@@ -96,6 +98,17 @@ def _check_shape(target: Target, check: ShapeCheck, value: Any) -> None:
             f"{check.where}.{key}: {check.source} has shape {list(check.shape)}, but the {check.what} of"
             f" {target.name!r} is {list(picked.shape)} on this input: it does not broadcast onto it{whole}"
         )
+
+
+def _heads_view(target: Target, check: ShapeCheck, picked: torch.Tensor) -> torch.Tensor:
+    """``picked`` as ``[..., heads, d_head]``, or a ConfigError when its last dim does not split so."""
+    width = picked.shape[-1] if picked.dim() else 0
+    if not width or width % int(check.heads or 1):
+        raise ConfigError(
+            f"{check.where}.heads: the {check.what} of {target.name!r} has shape {list(picked.shape)}, whose last"
+            f" dim does not split into {check.heads} heads"
+        )
+    return picked.unflatten(-1, (int(check.heads or 1), -1))
 
 
 def _item(target: Target, check: ShapeCheck, value: Any) -> Any:

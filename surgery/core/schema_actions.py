@@ -239,17 +239,29 @@ class OpArgs:
             raise FieldError("from.dim", f"a dim or a list of dims (ints) to average over, got {dims!r}")
 
 
+def check_heads(heads: Any, function: Any) -> None:
+    """``heads``: a positive number of heads, and not with ``function:`` (which acts inside a forward)."""
+    if heads is None:
+        return
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise FieldError("heads", f"the number of attention heads the last dim splits into (1 or more), got {heads!r}")
+    if function is not None:
+        raise FieldError("heads", "views a module's input or output, not the calls of function:; drop one")
+
+
 @dataclass
 class ModifyAction(Hooked, Inside, Action, OpArgs):
     """modify_output / modify_input: an op on one item of the output or positional input."""
 
     item: Any = 0  # output: tuple/list/dict element (int or key); input: position; a plain tensor is used as is
+    heads: int | None = None  # view the last dim as [heads, d_head] for the op and index (set by the @heads site)
 
     def __post_init__(self) -> None:
         Action.__post_init__(self)
         self.check_op(TENSOR_OPS)
         self.check_hooked()
         self.check_inside()
+        check_heads(self.heads, self.function)
 
 
 GRAD_WHAT = ("grad_input", "grad_output")
@@ -292,12 +304,16 @@ class CaptureAction(Hooked, Inside, Action):
     stop: bool = False  # end the forward after the last selected module: model(x) returns None
     always: bool = False  # record the inputs even when the forward raises (what must list input)
     fn: Any = None  # record fn(module, inputs, output) as the output instead (pkg.module:function, or a callable)
+    heads: int | None = None  # view the last dim as [heads, d_head] before index (set by the @heads site)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_hooked()
         self.check_inside()
         self.check_capture_keys()
+        check_heads(self.heads, self.function)
+        if self.heads is not None and (self.fn is not None or self.reduce != "none"):
+            raise FieldError("heads", "views each recorded call; drop fn and reduce")
         if self.fn is not None:
             clash = [k for k, bad in (("what", self.what != ["output"]), ("reduce", self.reduce != "none"),
                      ("item", self.item is not None), ("index", self.index is not None), ("clone", self.clone),

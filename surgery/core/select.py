@@ -24,9 +24,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -140,7 +140,11 @@ class ModuleIndex:
     ) -> list[Target]:
         """Modules whose name matches ``select`` (None: all) and whose class matches ``types``,
         minus names matching ``exclude``; in order."""
-        name_ok = None if select is None else glob_regex(select, f"{where}.select").fullmatch
+        name_ok: Callable[[str], Any] | None
+        if select is not None and not any(GLOB_CHARS.search(p) for p in select):
+            name_ok = frozenset(select).__contains__  # exact names (what a site resolves to): no regex to build
+        else:
+            name_ok = None if select is None else glob_regex(select, f"{where}.select").fullmatch
         type_ok = None if types is None else type_matcher(types, f"{where}.type")
         excluded = glob_regex(exclude or [], f"{where}.exclude").fullmatch
         rows: Iterable[int] = range(len(self.names))
@@ -214,7 +218,30 @@ def closest_names(wanted: str, names: Sequence[str], n: int = 5) -> list[str]:
     best = max(shared, default=0)
     same_prefix = [name for name, k in zip(names, shared, strict=True) if best and k == best]
     suggestions = list(dict.fromkeys([*similar, *same_prefix]))[:n]
-    return suggestions or list(names[:n])
+    return suggestions or _by_segments(wanted, names, n)
+
+
+def _by_segments(wanted: str, names: Sequence[str], n: int) -> list[str]:
+    """Names ranked by how alike their last segments are to the pattern's literal ones (``**.mlp`` finds the
+    MLPs of any model), scored once per name shape (numbers as ``*``); model order among equals and when none is."""
+    segments = wanted.split(".")
+    if "**" in segments:  # aligned from the end up to the '**', which may stand for anything
+        segments = segments[len(segments) - segments[::-1].index("**") :]
+    if not names or not any(s and not GLOB_CHARS.search(s) for s in segments):
+        return list(names[:n])
+    shapes: dict[str, list[str]] = {}
+    for name in names:
+        shapes.setdefault(re.sub(r"(?<![^.])\d+(?![^.])", "*", name), []).append(name)
+
+    def score(shape: str) -> float:
+        pairs = zip(reversed(segments), reversed(shape.split(".")))
+        alike = (1.0 if GLOB_CHARS.search(a) else difflib.SequenceMatcher(None, a, b).ratio() for a, b in pairs)
+        return sum(alike) / len(segments)
+
+    ranked = sorted(shapes, key=score, reverse=True)  # stable: model order among equal scores
+    if score(ranked[0]) < 0.5:
+        return list(names[:n])
+    return [name for shape in ranked for name in shapes[shape]][:n]
 
 
 def as_list(value: str | Sequence[str] | None) -> list[str] | None:

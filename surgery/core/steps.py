@@ -71,6 +71,7 @@ class ShapeCheck:
     index_text: str | None  # the slice as configured, for the message
     shape: tuple[int, ...] | None  # a patch's shape, or None
     source: str  # what provides the shape, for the message
+    heads: int | None = None  # the tensor is viewed as [..., heads, d_head] before index (the @heads site)
 
 
 def fits(source: tuple[int, ...], full: tuple[int, ...], part: tuple[int, ...], sliced: bool) -> bool:

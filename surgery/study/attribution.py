@@ -69,6 +69,10 @@ def edits_of(plan: Plan, cell: str) -> list[Edit]:
             raise ConfigError(f"study.method: {where}.from: attribution reads sources from a capture only")
         if cfg.calls is not None:
             raise ConfigError(f"study.method: {where}.calls: attribution reads every call as one; drop calls")
+        if getattr(cfg, "heads", None) is not None:  # its index is on the [..., heads, d_head] view it does not take
+            raise ConfigError(
+                f"study.method: {where}: attribution does not take a heads view (@heads); use method: patch"
+            )
         index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
         if index and index[0] != slice(None):
             raise ConfigError(f"study.method: {where}.index: its first subscript must keep every example (':')")

@@ -55,7 +55,8 @@ def shared_captures(
             modules = [t.name for t in step.targets]
             if any(set(m) & _GLOB_CHARACTERS for m in modules):
                 return None
-            node = {k: v for k, v in actions[step.name].items() if k not in ("select", "type", "exclude")}
+            spec = (plan.specs or actions)[step.name]  # as compiled: a site's what/item chosen (surgery.arch)
+            node = {k: v for k, v in spec.items() if k not in ("select", "type", "exclude")}
             key = (step.name, json.dumps(node, sort_keys=True, default=str))
             if key not in groups:
                 groups[key] = step.name if step.name not in union else f"{step.name}~{len(groups)}"

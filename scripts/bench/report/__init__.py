@@ -29,10 +29,11 @@ from scripts.bench.report.scale import ddp_section, meta_section
 from scripts.bench.report.sections import compile_section, memory_section, plan_section, startup_section
 from scripts.bench.report.splices import splice_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
+from scripts.bench.sites import sites_section
 
 BENCHES = [
     "overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study", "attribution",
-    "splice", "harvest",
+    "splice", "harvest", "sites",
 ]  # fmt: skip
 BUDGET_S = 600
 
@@ -74,8 +75,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     u_md, u_t, u_m = gpu_section(load(results, "gpu") or last_gpu_run())  # run on a GPU machine, not here
     v_md, v_t, v_m = splice_section(load(results, "splice"))
     h_md, h_t, h_m = harvest_section(load(results, "harvest"))
+    z_md, z_t, z_m = sites_section(load(results, "sites"))
     peer_t, peer_m = peers_target(overhead)
-    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t + v_t + h_t
+    targets = o_t + peer_t + p_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t + v_t + h_t + z_t
     lines = [
         "# Benchmarks",
         "",
@@ -106,7 +108,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         "",
         *table(["target", "wanted", "measured", ""], targets),
     ]
-    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m + v_m + h_m
+    misses = o_m + peer_m + p_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m + v_m + h_m + z_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:

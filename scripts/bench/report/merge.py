@@ -18,6 +18,7 @@ from scripts.bench.report.harvest import harvest_section
 from scripts.bench.report.sections import plan_section, startup_section
 from scripts.bench.report.splices import splice_section
 from scripts.bench.report.studies import data_section, lm_section, study_section, training_section
+from scripts.bench.sites import sites_section
 
 Section = Callable[[dict[str, Any] | None], tuple[list[str], list[list[str]], list[str]]]
 # name → (section function, how its misses start)
@@ -32,6 +33,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "attribution": (attribution_section, "attribution:"),
     "splice": (splice_section, "splice:"),
     "harvest": (harvest_section, "harvest:"),
+    "sites": (sites_section, "sites:"),
 }
 MISSES = "### Over a target, and why"
 
