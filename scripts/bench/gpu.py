@@ -103,6 +103,9 @@ def gpt2_small(device: Any) -> Any:
     return model.to(device).eval()
 
 
+TASK_FILTER: list[str] = []  # --tasks: only overhead tasks whose name holds one of these
+
+
 def overhead(model: Any, quick: bool) -> list[dict[str, Any]]:
     """Every CPU-table task on the GPU at both shapes and both modes: surgery, hand-written, bare."""
     import torch
@@ -116,7 +119,7 @@ def overhead(model: Any, quick: bool) -> list[dict[str, Any]]:
         ids = torch.randint(0, 50257, (batch, length), generator=torch.Generator().manual_seed(0)).to(model.device)
         case = ModelCase(f"GPT-2 small {batch}×{length}", model, {"input_ids": ids}, 0, 0.0, is_gpt2=True)
         for task in TASKS:
-            if task.inplace:
+            if task.inplace or (TASK_FILTER and not any(f in task.name for f in TASK_FILTER)):
                 continue
             plan = surgery.plan(model, task.actions)
             for mode in task.modes:
@@ -254,6 +257,21 @@ def harvest(model: Any, quick: bool) -> dict[str, Any] | None:
     return harvest_vs_forward(model, quick)
 
 
+PARTS = {"overhead": overhead, "study": study, "generation": generation, "harvest": harvest}
+
+
+def merged_runs(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new``'s parts over ``old``'s (an overhead row replaces the row of the same shape, task and mode)."""
+    if old is None or old["machine"].get("gpu") != new["machine"].get("gpu"):
+        return new  # figures from another card are not mixed
+    data = {**old, **{k: v for k, v in new.items() if k != "overhead"}}
+    if "overhead" in new:
+        key = lambda r: (r["shape"], r["task"], r["mode"])  # noqa: E731
+        fresh = {key(r): r for r in new["overhead"]}
+        data["overhead"] = [fresh.pop(key(r), r) for r in old.get("overhead", [])] + list(fresh.values())
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="(from python -m scripts.bench --gpu; implied)")
@@ -261,17 +279,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--out", help="a directory: writes gpu.json and gpu.md (the BENCHMARKS.md section) there")
     parser.add_argument("--merge", metavar="DIR", help="no run: DIR/gpu.json into BENCHMARKS.md (and gpu-last.json)")
+    parser.add_argument("--only", help=f"comma-separated parts of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--tasks", help="comma-separated words: only the overhead tasks whose name holds one")
     args = parser.parse_args(argv)
     if args.merge:
-        from scripts.bench.report.gpu import LAST_RUN
+        from scripts.bench.report.gpu import LAST_RUN, last_gpu_run
         from scripts.bench.report.merge import merge
 
-        data = json.loads((Path(args.merge) / "gpu.json").read_text())
+        data = merged_runs(last_gpu_run(), json.loads((Path(args.merge) / "gpu.json").read_text()))
         LAST_RUN.write_text(json.dumps(data, indent=1) + "\n")  # a full CPU render keeps these figures
         path = ROOT / "BENCHMARKS.md"
         path.write_text(merge(path.read_text(), data, "gpu"))
         print(f"wrote {path}")
         return 0
+    parts = args.only.split(",") if args.only else list(PARTS)
+    TASK_FILTER[:] = args.tasks.split(",") if args.tasks else []
     import torch
 
     if not torch.cuda.is_available():
@@ -289,18 +311,20 @@ def main(argv: list[str] | None = None) -> int:
             "cuda": torch.version.cuda,
         },  # fmt: skip
     }
-    for part, run in (("overhead", overhead), ("study", study), ("generation", generation), ("harvest", harvest)):
+    for part, run in PARTS.items():
+        if part not in parts:
+            continue
         begin = time.perf_counter()
         data[part] = run(copy.deepcopy(model) if part == "generation" else model, args.quick)
         print(f"== {part}: {time.perf_counter() - begin:.0f} s", flush=True)
     data["seconds"] = time.perf_counter() - started
     if args.out:
-        from scripts.bench.report.gpu import gpu_section
+        from scripts.bench.report.gpu import gpu_section, last_gpu_run
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        write_json(str(out / "gpu.json"), data)
-        (out / "gpu.md").write_text("\n".join(gpu_section(data)[0]) + "\n")
+        write_json(str(out / "gpu.json"), data)  # only the parts run; the section shows them over the last run's
+        (out / "gpu.md").write_text("\n".join(gpu_section(merged_runs(last_gpu_run(), data))[0]) + "\n")
     write_json(args.json, data)
     if not (args.json or args.out):
         print(json.dumps(data, indent=1, default=str))
