@@ -69,7 +69,7 @@ CASES: list[Case] = [
     act("kind_missing", "kind", ("every action needs a kind", "capture"), {"select": "block1"}),
     act("kind_not_a_mapping", "", ("a mapping", "'capture'"), "capture"),
     # ------------------------------------------------------------ misspelt key (did you mean)
-    act("key_parm", "parm", ("unknown key", "Did you mean 'param'?"),
+    act("key_parm", "parm", ("unknown key", "Did you mean 'param'"),
         {"kind": "init", "select": "classifier.1", "parm": "weight", "method": "ones"}),
     act("key_selct", "selct", ("unknown key", "Did you mean 'select'?"), {"kind": "capture", "selct": "block1"}),
     act("key_vaule", "vaule", ("unknown key", "Did you mean 'value'"),
