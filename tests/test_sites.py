@@ -648,13 +648,6 @@ def test_a_site_recipe_on_cuda_equals_the_cpu_run(zoo: dict[str, Path]) -> None:
     torch.testing.assert_close(gpu_lens["model.layers.1"], gpu_out, rtol=0, atol=0)
 
 
-def test_an_attribution_study_over_heads_is_refused(zoo: dict[str, Path]) -> None:
-    actions = {"z": {"kind": "modify_output", "select": "@heads.{layer}", "op": "zero"}}
-    with pytest.raises(ConfigError, match=r"attribution does not take a heads view \(@heads\); use method: patch"):
-        surgery.study(loaded(zoo, "llama"), actions, {"layer": "0:2"}, torch.tensor([[5, 6, 7]]),
-                      [{"logit_diff": {"correct": 3, "wrong": 4}}], method="attribution")  # fmt: skip
-
-
 def test_a_lens_on_modules_selected_by_name_is_the_same_lens(zoo: dict[str, Path]) -> None:
     model = loaded(zoo, "qwen2")
     by_name = {"l": {"kind": "capture", "select": "model.layers.*", "lens": "logit", "top": 2}}

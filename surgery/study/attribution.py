@@ -39,6 +39,7 @@ class Edit:
     op: str
     value: float | None
     index: tuple[Any, ...] | None
+    heads: int | None = None  # the index is on the site viewed as [..., heads, d_head] (an @heads site)
 
 
 @dataclass
@@ -69,18 +70,14 @@ def edits_of(plan: Plan, cell: str) -> list[Edit]:
             raise ConfigError(f"study.method: {where}.from: attribution reads sources from a capture only")
         if cfg.calls is not None:
             raise ConfigError(f"study.method: {where}.calls: attribution reads every call as one; drop calls")
-        if getattr(cfg, "heads", None) is not None:  # its index is on the [..., heads, d_head] view it does not take
-            raise ConfigError(
-                f"study.method: {where}: attribution does not take a heads view (@heads); use method: patch"
-            )
         index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
-        if index and index[0] != slice(None):
+        if index and index[0] != slice(None) and index[0] is not Ellipsis:
             raise ConfigError(f"study.method: {where}.index: its first subscript must keep every example (':')")
         what = "input" if step.kind == "modify_input" else "output"
         for target in step.targets:
             site = (id(target.module), what, cfg.item)
             src = (id(target.module), str(source.get("what", "output")), cfg.item) if source else None
-            edits.append(Edit(site, src, cfg.op, cfg.value, index))
+            edits.append(Edit(site, src, cfg.op, cfg.value, index, getattr(cfg, "heads", None)))
     if not edits:
         raise ConfigError(f"study.method: {cell} changes nothing an attribution can estimate")
     return edits
@@ -152,11 +149,11 @@ def estimate(
     ``products`` keeps ``(source - main) · gradient`` over a whole site, so that the cells patching parts of
     the same site from the same source cut it instead of each computing its part (the same numbers).
     """
-    t, g = main[edit.site].detach(), grad[edit.site]
+    t, g = _viewed(main[edit.site].detach(), edit.heads), _viewed(grad[edit.site], edit.heads)
     if products is not None and edit.op in ("set", "patch") and edit.source is not None and edit.index is not None:
-        src = source[edit.source]
+        src = _viewed(source[edit.source], edit.heads)
         if src.shape == t.shape:
-            key = (edit.site, edit.source)
+            key = (edit.site, edit.source, edit.heads)
             if key not in products:
                 products[key] = (src.to(t.dtype) - t).double() * g.double()
             cut = products[key][edit.index]
@@ -167,9 +164,10 @@ def estimate(
         if edit.source is None:
             delta = torch.as_tensor(edit.value, dtype=part.dtype) - part
         else:
-            delta = onto(source[edit.source].to(part.dtype), t, part, edit.index, "from") - part
+            delta = onto(_viewed(source[edit.source], edit.heads).to(part.dtype), t, part, edit.index, "from") - part
     elif edit.op == "add":
-        delta = (onto(source[edit.source].to(part.dtype), t, part, edit.index, "from") if edit.source is not None
+        delta = (onto(_viewed(source[edit.source], edit.heads).to(part.dtype), t, part, edit.index, "from")
+                 if edit.source is not None
                  else torch.full_like(part, float(edit.value or 0.0)))  # fmt: skip
     elif edit.op == "mul":
         delta = (float(edit.value if edit.value is not None else 1.0) - 1.0) * part
@@ -177,6 +175,11 @@ def estimate(
         delta = -part
     product = (delta.double() * g_part.double()).expand(part.shape)
     return product.reshape(part.shape[0], -1).sum(dim=1) if product.dim() > 1 else product
+
+
+def _viewed(tensor: torch.Tensor, heads: int | None) -> torch.Tensor:
+    """The tensor as the edit's op sees it: ``[..., heads, d_head]`` for an @heads site, else as it is."""
+    return tensor if heads is None else tensor.unflatten(-1, (heads, -1))
 
 
 def attribute_batch(
