@@ -251,10 +251,11 @@ def effect_splice(model, ref, x, m, s, capsys) -> None:
     t = read_tensors(Path(sae_for(m)), "sae")
 
     def spliced(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-        f, _ = hand_encode(t, output)
+        on = {k: v.to(output.device) for k, v in t.items()}  # the SAE computes in its own dtype, on the model's device
+        f, _ = hand_encode(on, output.to(on["W_enc"].dtype))
         f2 = f.clone()
         f2[..., 0] = f[..., 0] * 2.0
-        return hand_decode(t, f2)
+        return hand_decode(on, f2).to(output.dtype)
 
     ref.get_submodule(m.lin).register_forward_hook(spliced)
     assert_runs_equal(run(model, x), run(ref, x))
