@@ -535,22 +535,29 @@ def test_a_glob_from_another_architecture_gets_the_closest_names_and_the_site_th
 # ---------------------------------------------------------------- the real entry point: a few subprocess runs
 
 
-def test_cli_modules_and_plan_print_the_site_map_and_a_missing_site_exits_2(
-    zoo: dict[str, Path], tmp_path: Path
+def test_modules_and_plan_print_the_site_map(
+    zoo: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from surgery.app.job import run_job
+    from tests.test_cli import composed
+
+    run_job(composed("+model=hf", f"model.path={zoo['gemma2']}", "mode=modules"), tmp_path / "modules")
+    out = capsys.readouterr().out
+    assert "sites (gemma2: Gemma2DecoderLayer; model.layers: 2 blocks):" in out
+    assert (
+        "@mlp_out     model.layers.0.post_feedforward_layernorm … model.layers.1.post_feedforward_layernorm (2)" in out
+    )
+    run_job(composed("+model=hf", f"model.path={zoo['opt']}", "+actions=[capture_residual,ablate_mlp]", "mode=plan",
+                     f"+input.tokenizer={zoo['tokenizer']}"), tmp_path / "plan")  # fmt: skip
+    out = capsys.readouterr().out
+    assert "ablate_mlp        modify_output  forward hook  2  model.decoder.layers.0.fc2, model.decoder.layers.1.fc2" \
+        in out  # fmt: skip
+    assert "@mlp         model.decoder.layers.0.fc2 … model.decoder.layers.1.fc2 (2)  [output]" in out
+
+
+def test_cli_a_site_the_model_lacks_exits_2_with_one_line(zoo: dict[str, Path], tmp_path: Path) -> None:
     from tests.test_cli import cli
 
-    modules = cli("+model=hf", f"model.path={zoo['gemma2']}", "mode=modules", cwd=tmp_path)
-    assert modules.returncode == 0, modules.stderr
-    assert "sites (gemma2: Gemma2DecoderLayer; model.layers: 2 blocks):" in modules.stdout
-    assert "@mlp_out     model.layers.0.post_feedforward_layernorm … model.layers.1.post_feedforward_layernorm (2)" \
-        in modules.stdout  # fmt: skip
-    plan = cli("+model=hf", f"model.path={zoo['opt']}", "+actions=[capture_residual,ablate_mlp]", "mode=plan",
-               f"input.tokenizer={zoo['tokenizer']}", cwd=tmp_path)  # fmt: skip
-    assert plan.returncode == 0, plan.stderr
-    assert "ablate_mlp        modify_output  forward hook  2  model.decoder.layers.0.fc2, model.decoder.layers.1.fc2" \
-        in plan.stdout  # fmt: skip
-    assert "@mlp         model.decoder.layers.0.fc2 … model.decoder.layers.1.fc2 (2)  [output]" in plan.stdout
     bad = cli("+model=hf", f"model.path={zoo['mamba']}", "+actions=ablate_mlp", f"input.tokenizer={zoo['tokenizer']}",
               cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2

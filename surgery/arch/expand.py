@@ -153,7 +153,7 @@ def _capture(
         return node
     if site in sites.output_only and "input" in (node.get("what") or ["output"]):
         raise ConfigError(f"{where}.what: @{site} on {sites.family} stands in by its output only; capture output")
-    if site in OUTPUT_ITEM_SITES:
+    if site in OUTPUT_ITEM_SITES and node.get("what", ["output"]) == ["output"]:  # with input too: as given
         node.setdefault("item", 0)
     recorded[name] = "output"
     return node

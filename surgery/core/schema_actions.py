@@ -55,7 +55,7 @@ class Action:
     """Keys every action has (SPEC §3)."""
 
     kind: str = MISSING  # which action
-    select: Any = None  # module-name glob or list of globs; absent: every module
+    select: Any = None  # module-name glob or list of globs, or @sites (@mlp.3; docs/architectures.md); absent: all
     type: Any = None  # class-name glob(s): Conv2d, Function_*, torch.nn.Conv2d
     exclude: Any = None  # name glob(s) removed from the match
     allow_empty: bool = False  # matching nothing is not an error
