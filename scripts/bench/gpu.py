@@ -269,6 +269,7 @@ def merged_runs(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, An
         key = lambda r: (r["shape"], r["task"], r["mode"])  # noqa: E731
         fresh = {key(r): r for r in new["overhead"]}
         data["overhead"] = [fresh.pop(key(r), r) for r in old.get("overhead", [])] + list(fresh.values())
+        data["rerun_tasks"] = sorted({*old.get("rerun_tasks", []), *(r["task"] for r in new["overhead"])})
     return data
 
 

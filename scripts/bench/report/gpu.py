@@ -57,6 +57,8 @@ def gpu_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]]
             rows,
         ),  # fmt: skip
     ]
+    if data.get("rerun_tasks"):
+        md += [f"Rows of {', '.join(data['rerun_tasks'])}: from a later run on the same card.", ""]
     study, gen, harvest = data["study"], data["generation"], data.get("harvest")
     md += [
         f"Study: a {study['cells']}-cell layer × position patching grid on {study['prompts']} prompts of"
