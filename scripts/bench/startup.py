@@ -6,7 +6,8 @@ Jobs (``python -m surgery ...``):
 - an MLP run ``+model=mlp +actions=capture``;
 - a meta plan ``+model=llama_meta device=meta mode=plan +actions=capture`` (a 70B-class Llama, no weights).
 
-Floors, each a fresh interpreter: ``import torch``; the Hydra floor: ``import torch`` + Hydra composing
+Floors, each a fresh interpreter: ``import torch``; ``import torch, omegaconf, hydra.main`` (what every job
+imports before any of surgery: a strict lower bound); the Hydra floor: ``import torch`` + Hydra composing
 the same config once with the same overrides (``scripts/bench/startup_floor.py``: what any Hydra CLI
 over this config pays); and for the meta plan also the Llama class (``transformers``' modeling_llama).
 Every command runs several times, interleaved, medians of wall and CPU time of the child; the target is
@@ -39,6 +40,7 @@ JOBS: dict[str, list[str]] = {
 MAIN = "main job (cnn, linearize)"
 META = "meta plan (llama_meta, 70B-class)"
 LLAMA = "import torch, hydra, transformers.models.llama.modeling_llama"
+HYDRA = "import torch, omegaconf, hydra.main"  # what every job imports before surgery: a strict lower bound
 
 
 def child_env() -> dict[str, str]:
@@ -65,6 +67,7 @@ def commands(directory: str) -> dict[str, list[str]]:
     for i, (name, args) in enumerate(JOBS.items()):
         out[name] = [py, "-m", "surgery", *args, f"hydra.run.dir={directory}/{i}"]
     out["import torch"] = [py, "-c", "import torch"]
+    out[f"floor: {HYDRA}"] = [py, "-c", HYDRA]
     for name, args in JOBS.items():
         out[f"floor: {name}"] = [py, "-m", "scripts.bench.startup_floor", *args]
     out[f"floor: {LLAMA}"] = [py, "-c", LLAMA]
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             "extra_wall_s": main_row["over_torch_wall_s"],
             "hydra_floor_extra_cpu_s": cpu[f"floor: {MAIN}"] - cpu["import torch"],
             "hydra_floor_extra_wall_s": wall[f"floor: {MAIN}"] - wall["import torch"],
+            "hydra_imports_extra_cpu_s": cpu[f"floor: {HYDRA}"] - cpu["import torch"],
+            "hydra_imports_extra_wall_s": wall[f"floor: {HYDRA}"] - wall["import torch"],
             "met": main_row["over_torch_cpu_s"] <= TARGET_S,
             "imports": imports,
         },
