@@ -380,9 +380,10 @@ def test_a_cuda_harvest_equals_the_cpu_harvest(
 
     real, pinned = harvest_run._Loop._write, []
 
-    def write(self: Any, number: int, tokens: Any, buffers: dict[str, torch.Tensor]) -> None:
+    def write(self: Any, number: int, tokens: Any, buffers: dict[str, torch.Tensor], copied: Any = None) -> None:
         pinned.extend(b.is_pinned() for b in buffers.values())  # copied from the GPU into page-locked memory
-        real(self, number, tokens, buffers)
+        pinned.append(copied is not None)  # and the writer waits for those copies, not the main thread
+        real(self, number, tokens, buffers, copied)
 
     monkeypatch.setattr(harvest_run._Loop, "_write", write)
     model = copy.deepcopy(corpus.model).to("cuda")

@@ -326,8 +326,9 @@ class _Loop:
             for name in self.names
         }
         stop = self.job.stop_requested
+        source = ids.pin_memory() if self.pinned else ids  # from page-locked memory the copy to the GPU is async
         for start in range(0, n, batch):
-            part = ids[start : start + batch].to(self.device, non_blocking=self.pinned)
+            part = source[start : start + batch].to(self.device, non_blocking=self.pinned)
             run_forward(self.job.model, part, self.kwargs)
             for name, action in self.names.items():
                 found = site_tensor(self.surgery, action, name, part.shape[0], context)
@@ -336,13 +337,15 @@ class _Loop:
             bar.update(part.numel())
             if stop is not None and start + batch < n and stop():  # after the last batch: written, then stopped
                 return False
-        if self.pinned:
-            torch.cuda.current_stream(self.device).synchronize()  # the copies into pinned buffers are done
+        copied = None
+        if self.pinned:  # the writer waits for the copies into the pinned buffers; the GPU goes on with the next shard
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(self.device))
         self._wait()  # one shard writing while the next computes: memory stays two shards
         if self.computed == 0:
             self._first_write(tokens, buffers)
         context_now = contextvars.copy_context()  # the writer charges the run's disk budget (a context variable)
-        self.pending = self.writer.submit(context_now.run, self._write, number, tokens, buffers)
+        self.pending = self.writer.submit(context_now.run, self._write, number, tokens, buffers, copied)
         self.computed += 1
         return True
 
@@ -354,7 +357,11 @@ class _Loop:
         if self.job.ranks[0] == 0 and not path.is_file():
             write_json(path, self.manifest)
 
-    def _write(self, number: int, tokens: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+    def _write(
+        self, number: int, tokens: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], copied: Any = None
+    ) -> None:
+        if copied is not None:
+            copied.synchronize()  # the device-to-host copies of this shard have landed
         directory = self.job.directory
         for name, buffer in buffers.items():
             write_tensors(shard_path(directory, name, number), {"activations": buffer}, "harvest.shard_mb")
