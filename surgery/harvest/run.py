@@ -19,7 +19,9 @@ import contextvars
 import hashlib
 import inspect
 import math
+import queue
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -287,7 +289,7 @@ class _Loop:
         rank, world = self.job.ranks
         total = None if self.job.limit_rows is None else self.job.limit_rows * self.job.context
         with _bar(total, self.job.progress and rank == 0) as bar:
-            for number, ids in enumerate(_shards(rows, self.per_shard)):
+            for number, ids in enumerate(prefetched(_shards(rows, self.per_shard))):
                 tokens = token_file(ids, self.job.excluded)
                 self.corpus.update(tokens["input_ids"].numpy().tobytes())
                 self.rows += ids.shape[0]
@@ -407,6 +409,45 @@ def _shards(rows: Iterator[torch.Tensor], per_shard: int) -> Iterator[torch.Tens
             chunk = []
     if chunk:
         yield torch.stack(chunk)
+
+
+def prefetched(items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` made one ahead by a background thread: reading and tokenizing the next shard's rows overlaps the
+    forwards of this one. An exception there is raised here; leaving early stops the thread."""
+    ahead: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+    leaving = threading.Event()
+
+    def put(entry: tuple[str, Any]) -> bool:
+        while not leaving.is_set():
+            try:
+                ahead.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill() -> None:
+        try:
+            for item in items:
+                if not put(("item", item)):
+                    return
+            put(("done", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            put(("error", e))
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(fill,), name="harvest-rows", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = ahead.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        leaving.set()
+        thread.join()
 
 
 def _chain(first: torch.Tensor, rest: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
