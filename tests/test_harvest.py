@@ -165,6 +165,27 @@ def test_float16_storage_is_the_outputs_rounded(corpus: Corpus, tmp_path: Path) 
     assert torch.equal(torch.stack([rows[i][SITES[1]] for i in range(len(rows))]), expected[SITES[1]].half())
 
 
+def test_prefetching_passes_items_and_errors_through_and_stops_when_left() -> None:
+    import threading
+
+    from surgery.harvest.run import prefetched
+
+    def items() -> Any:
+        yield 1
+        yield 2
+        raise ConfigError("input.path: line 3 is not JSON")
+
+    got = []
+    with pytest.raises(ConfigError, match="line 3"):
+        for item in prefetched(items()):
+            got.append(item)
+    assert got == [1, 2]
+    for item in prefetched(iter(range(10**6))):
+        if item == 3:
+            break
+    assert not any(t.name == "harvest-rows" for t in threading.enumerate())
+
+
 # ---------------------------------------------------------------- resume and refusals
 
 
