@@ -217,6 +217,19 @@ def test_a_larger_limit_tokens_extends_a_finished_harvest(corpus: Corpus, harves
     assert shard_files(out) == {k: v for k, v in full.items() if k.split("shard-")[1] < "00003"}
 
 
+def test_a_list_of_indices_gives_those_items_batched(harvested: Path) -> None:
+    for by in ("token", "row"):
+        data = surgery.activations.open(harvested, by=by)
+        wanted = [len(data) - 1, 0, 5, len(data) // 2, 5]  # across shards, out of order, repeated
+        batch = data[wanted]
+        for name in batch:
+            assert torch.equal(batch[name], torch.stack([data[i][name] for i in wanted])), (by, name)
+    tokens = surgery.activations.open(harvested)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(tokens), 64, drop_last=False)
+    seen = torch.cat([b["token"] for b in torch.utils.data.DataLoader(tokens, batch_size=None, sampler=sampler)])
+    assert sorted(seen.tolist()) == sorted(tokens[list(range(len(tokens)))]["token"].tolist())
+
+
 def test_dataloader_workers_read_the_same_items(harvested: Path) -> None:
     tokens = surgery.activations.open(harvested)
     alone = next(iter(torch.utils.data.DataLoader(tokens, batch_size=len(tokens))))
