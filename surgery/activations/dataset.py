@@ -125,7 +125,7 @@ class ActivationDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         """Many items at once (what a DataLoader with ``batch_size`` asks for), gathered as one :meth:`batch`."""
-        if len(indices) < 2:
+        if len(indices) < 2 or self.by == "row":  # a row is large: a view of it copied once beats a gather
             return [self[i] for i in indices]
         joined = self.batch(indices)
         columns = [value.unbind(0) for value in joined.values()]
