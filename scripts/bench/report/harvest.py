@@ -6,7 +6,7 @@ from typing import Any
 
 from scripts.bench.report.markdown import load_note, table, yes
 
-TITLE = "## 14. Activation datasets: harvesting a corpus"
+TITLE = "## 15. Activation datasets: harvesting a corpus"
 
 
 VIEWS = {
@@ -93,9 +93,9 @@ def harvest_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[s
     ]  # fmt: skip
     misses = []
     if not throughput_met:
-        misses.append(f"harvest: {data['ratio']:.2f}× the bare forward's tokens/s (section 14)")
+        misses.append(f"harvest: {data['ratio']:.2f}× the bare forward's tokens/s (section 15)")
     if not memory_met:
-        misses.append(f"harvest: peak RSS {rss:.2f}× at 10× the tokens (section 14)")
+        misses.append(f"harvest: peak RSS {rss:.2f}× at 10× the tokens (section 15)")
     if not read_met:
-        misses.append(f"harvest: read-back only {judged['vs_harvest']:.1f}× the harvest's tokens/s (section 14)")
+        misses.append(f"harvest: read-back only {judged['vs_harvest']:.1f}× the harvest's tokens/s (section 15)")
     return md, targets, misses
