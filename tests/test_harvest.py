@@ -165,6 +165,27 @@ def test_float16_storage_is_the_outputs_rounded(corpus: Corpus, tmp_path: Path) 
     assert torch.equal(torch.stack([rows[i][SITES[1]] for i in range(len(rows))]), expected[SITES[1]].half())
 
 
+def test_prefetching_passes_items_and_errors_through_and_stops_when_left() -> None:
+    import threading
+
+    from surgery.harvest.run import prefetched
+
+    def items() -> Any:
+        yield 1
+        yield 2
+        raise ConfigError("input.path: line 3 is not JSON")
+
+    got = []
+    with pytest.raises(ConfigError, match="line 3"):
+        for item in prefetched(items()):
+            got.append(item)
+    assert got == [1, 2]
+    for item in prefetched(iter(range(10**6))):
+        if item == 3:
+            break
+    assert not any(t.name == "harvest-rows" for t in threading.enumerate())
+
+
 # ---------------------------------------------------------------- resume and refusals
 
 
@@ -194,6 +215,19 @@ def test_a_larger_limit_tokens_extends_a_finished_harvest(corpus: Corpus, harves
     assert extended.complete and extended.computed == 2  # shard 1 again (4 rows -> 8), shard 2 new
     full = shard_files(harvested)
     assert shard_files(out) == {k: v for k, v in full.items() if k.split("shard-")[1] < "00003"}
+
+
+def test_a_list_of_indices_gives_those_items_batched(harvested: Path) -> None:
+    for by in ("token", "row"):
+        data = surgery.activations.open(harvested, by=by)
+        wanted = [len(data) - 1, 0, 5, len(data) // 2, 5]  # across shards, out of order, repeated
+        batch = data[wanted]
+        for name in batch:
+            assert torch.equal(batch[name], torch.stack([data[i][name] for i in wanted])), (by, name)
+    tokens = surgery.activations.open(harvested)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(tokens), 64, drop_last=False)
+    seen = torch.cat([b["token"] for b in torch.utils.data.DataLoader(tokens, batch_size=None, sampler=sampler)])
+    assert sorted(seen.tolist()) == sorted(tokens[list(range(len(tokens)))]["token"].tolist())
 
 
 def test_dataloader_workers_read_the_same_items(harvested: Path) -> None:
@@ -380,9 +414,10 @@ def test_a_cuda_harvest_equals_the_cpu_harvest(
 
     real, pinned = harvest_run._Loop._write, []
 
-    def write(self: Any, number: int, tokens: Any, buffers: dict[str, torch.Tensor]) -> None:
+    def write(self: Any, number: int, tokens: Any, buffers: dict[str, torch.Tensor], copied: Any = None) -> None:
         pinned.extend(b.is_pinned() for b in buffers.values())  # copied from the GPU into page-locked memory
-        real(self, number, tokens, buffers)
+        pinned.append(copied is not None)  # and the writer waits for those copies, not the main thread
+        real(self, number, tokens, buffers, copied)
 
     monkeypatch.setattr(harvest_run._Loop, "_write", write)
     model = copy.deepcopy(corpus.model).to("cuda")

@@ -66,7 +66,14 @@ class ActivationDataset(Dataset):
     def __len__(self) -> int:
         return self._starts[-1]
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, index: int | list[int] | torch.Tensor) -> dict[str, torch.Tensor]:
+        """One item; or, given a list (or 1-d tensor) of indices, those items batched: each value stacked on dim 0.
+
+        The batched form is the fast path: ``DataLoader(data, batch_size=None,
+        sampler=BatchSampler(RandomSampler(data), 256, drop_last=False))`` hands it whole batches.
+        """
+        if isinstance(index, (list, tuple, torch.Tensor)):
+            return self.batch(index)
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} items")
         index %= len(self)
@@ -83,31 +90,45 @@ class ActivationDataset(Dataset):
         item["token"] = tokens["input_ids"][row, position].to(torch.int64)
         return item
 
-    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Many items at once (what a DataLoader asks for): one gather per shard and site, not one per item."""
-        if self.by == "row" or len(indices) < 2:
-            return [self[i] for i in indices]
-        wanted = torch.as_tensor(indices, dtype=torch.int64)
+    def batch(self, indices: list[int] | tuple[int, ...] | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Items ``indices`` as one batch (each value stacked on dim 0), one gather per shard and site."""
+        wanted = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
         if len(wanted) and not bool(((wanted >= -len(self)) & (wanted < len(self))).all()):
             raise IndexError(f"an index is out of range for {len(self)} items")
-        wanted = wanted % len(self)
-        starts = torch.as_tensor(self._starts, dtype=torch.int64)
-        shards = torch.bucketize(wanted, starts, right=True) - 1
-        values: dict[str, list[torch.Tensor]] = {site: [] for site in [*self.sites, "token"]}
+        wanted = wanted % max(len(self), 1)
+        shards = torch.bucketize(wanted, torch.as_tensor(self._starts, dtype=torch.int64), right=True) - 1
+        names = ["input_ids", *self.sites] if self.by == "row" else [*self.sites, "token"]
+        values: dict[str, list[torch.Tensor]] = {name: [] for name in names}
         order: list[torch.Tensor] = []
         for shard in shards.unique().tolist():
             chosen = (shards == shard).nonzero().reshape(-1)
             tokens = self._tensors(TOKENS, shard)
-            flat = tokens["kept"][wanted[chosen] - self._starts[shard]].to(torch.int64)
-            rows, positions = flat // self.context, flat % self.context
-            for site in self.sites:
-                values[site].append(self._tensors(site, shard)["activations"][rows, positions])
-            values["token"].append(tokens["input_ids"][rows, positions].to(torch.int64))
+            offsets = wanted[chosen] - self._starts[shard]
+            if self.by == "row":
+                values["input_ids"].append(tokens["input_ids"][offsets].to(torch.int64))
+                for site in self.sites:
+                    values[site].append(self._tensors(site, shard)["activations"][offsets])
+            else:
+                flat = tokens["kept"][offsets].to(torch.int64)
+                rows, positions = flat // self.context, flat % self.context
+                for site in self.sites:
+                    values[site].append(self._tensors(site, shard)["activations"][rows, positions])
+                values["token"].append(tokens["input_ids"][rows, positions].to(torch.int64))
             order.append(chosen)
-        back = torch.empty(len(indices), dtype=torch.int64)
-        back[torch.cat(order)] = torch.arange(len(indices))
-        joined = {name: torch.cat(parts)[back] for name, parts in values.items()}
-        columns = [joined[name].unbind(0) for name in joined]
+        if not order:
+            return {name: torch.empty(0) for name in names}
+        if len(order) == 1:  # every index in one shard: already in the order asked
+            return {name: parts[0] for name, parts in values.items()}
+        back = torch.empty(len(wanted), dtype=torch.int64)
+        back[torch.cat(order)] = torch.arange(len(wanted))
+        return {name: torch.cat(parts)[back] for name, parts in values.items()}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Many items at once (what a DataLoader with ``batch_size`` asks for), gathered as one :meth:`batch`."""
+        if len(indices) < 2 or self.by == "row":  # a row is large: a view of it copied once beats a gather
+            return [self[i] for i in indices]
+        joined = self.batch(indices)
+        columns = [value.unbind(0) for value in joined.values()]
         return [dict(zip(joined, item, strict=True)) for item in zip(*columns, strict=True)]
 
     def __getstate__(self) -> dict[str, Any]:

@@ -19,7 +19,9 @@ import contextvars
 import hashlib
 import inspect
 import math
+import queue
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -287,7 +289,7 @@ class _Loop:
         rank, world = self.job.ranks
         total = None if self.job.limit_rows is None else self.job.limit_rows * self.job.context
         with _bar(total, self.job.progress and rank == 0) as bar:
-            for number, ids in enumerate(_shards(rows, self.per_shard)):
+            for number, ids in enumerate(prefetched(_shards(rows, self.per_shard))):
                 tokens = token_file(ids, self.job.excluded)
                 self.corpus.update(tokens["input_ids"].numpy().tobytes())
                 self.rows += ids.shape[0]
@@ -326,8 +328,9 @@ class _Loop:
             for name in self.names
         }
         stop = self.job.stop_requested
+        source = ids.pin_memory() if self.pinned else ids  # from page-locked memory the copy to the GPU is async
         for start in range(0, n, batch):
-            part = ids[start : start + batch].to(self.device, non_blocking=self.pinned)
+            part = source[start : start + batch].to(self.device, non_blocking=self.pinned)
             run_forward(self.job.model, part, self.kwargs)
             for name, action in self.names.items():
                 found = site_tensor(self.surgery, action, name, part.shape[0], context)
@@ -336,13 +339,15 @@ class _Loop:
             bar.update(part.numel())
             if stop is not None and start + batch < n and stop():  # after the last batch: written, then stopped
                 return False
-        if self.pinned:
-            torch.cuda.current_stream(self.device).synchronize()  # the copies into pinned buffers are done
+        copied = None
+        if self.pinned:  # the writer waits for the copies into the pinned buffers; the GPU goes on with the next shard
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(self.device))
         self._wait()  # one shard writing while the next computes: memory stays two shards
         if self.computed == 0:
             self._first_write(tokens, buffers)
         context_now = contextvars.copy_context()  # the writer charges the run's disk budget (a context variable)
-        self.pending = self.writer.submit(context_now.run, self._write, number, tokens, buffers)
+        self.pending = self.writer.submit(context_now.run, self._write, number, tokens, buffers, copied)
         self.computed += 1
         return True
 
@@ -354,7 +359,11 @@ class _Loop:
         if self.job.ranks[0] == 0 and not path.is_file():
             write_json(path, self.manifest)
 
-    def _write(self, number: int, tokens: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+    def _write(
+        self, number: int, tokens: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], copied: Any = None
+    ) -> None:
+        if copied is not None:
+            copied.synchronize()  # the device-to-host copies of this shard have landed
         directory = self.job.directory
         for name, buffer in buffers.items():
             write_tensors(shard_path(directory, name, number), {"activations": buffer}, "harvest.shard_mb")
@@ -400,6 +409,45 @@ def _shards(rows: Iterator[torch.Tensor], per_shard: int) -> Iterator[torch.Tens
             chunk = []
     if chunk:
         yield torch.stack(chunk)
+
+
+def prefetched(items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` made one ahead by a background thread: reading and tokenizing the next shard's rows overlaps the
+    forwards of this one. An exception there is raised here; leaving early stops the thread."""
+    ahead: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+    leaving = threading.Event()
+
+    def put(entry: tuple[str, Any]) -> bool:
+        while not leaving.is_set():
+            try:
+                ahead.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill() -> None:
+        try:
+            for item in items:
+                if not put(("item", item)):
+                    return
+            put(("done", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            put(("error", e))
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(fill,), name="harvest-rows", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = ahead.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        leaving.set()
+        thread.join()
 
 
 def _chain(first: torch.Tensor, rest: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:

@@ -9,6 +9,14 @@ from scripts.bench.report.markdown import load_note, table, yes
 TITLE = "## 15. Activation datasets: harvesting a corpus"
 
 
+VIEWS = {
+    "token": '`by="token"`, `DataLoader(batch_size=256, shuffle=True)`',
+    "token, batched": '`by="token"`, `data[indices]` a batch (`BatchSampler` of 256, `batch_size=None`)',
+    "row": '`by="row"`, `DataLoader(batch_size=2, shuffle=True)`',
+}
+JUDGED = "token, batched"  # the read-back target is judged on the documented fast path (older results: "token")
+
+
 def harvest_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
     """The section, its target rows and its misses (each miss starts with ``harvest:``)."""
     if data is None:
@@ -67,25 +75,21 @@ def harvest_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[s
         *table(
             ["view", "items", "tokens/s", "× the harvest's tokens/s"],
             [
-                [
-                    f'`by="{by}"`' + (" (batches of 256)" if by == "token" else " (batches of 2 rows)"),
-                    f"{r['items']:,}",
-                    f"{r['tokens_per_s']:,.0f}",
-                    f"{r['vs_harvest']:.1f}",
-                ]
-                for by, r in read.items()
+                [VIEWS.get(view, view), f"{r['items']:,}", f"{r['tokens_per_s']:,.0f}", f"{r['vs_harvest']:.1f}"]
+                for view, r in read.items()
             ],  # fmt: skip
         ),
     ]
     throughput_met = data["ratio"] >= 0.8
     memory_met = rss <= 1.10
-    read_met = read["token"]["vs_harvest"] >= 10
+    judged = read.get(JUDGED) or read["token"]
+    read_met = judged["vs_harvest"] >= 10
     targets = [
         ["harvest tokens/s / bare forward tokens/s (GPT-2-shaped, 4 sites, float16)", "≥ 0.80",
          f"{data['ratio']:.3f} ({low:.3f}–{high:.3f})", yes(throughput_met)],
         ["harvest peak RSS, 10× / 1× the tokens", "≤ 1.10", f"{rss:.3f}", yes(memory_met)],
-        ["`surgery.activations.open` read-back / harvest, tokens/s (by token)", "≥ 10",
-         f"{read['token']['vs_harvest']:.1f}", yes(read_met)],
+        ["`surgery.activations.open` read-back / harvest, tokens/s (by token, a batch at a time)", "≥ 10",
+         f"{judged['vs_harvest']:.1f}", yes(read_met)],
     ]  # fmt: skip
     misses = []
     if not throughput_met:
@@ -93,5 +97,5 @@ def harvest_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[s
     if not memory_met:
         misses.append(f"harvest: peak RSS {rss:.2f}× at 10× the tokens (section 15)")
     if not read_met:
-        misses.append(f"harvest: read-back only {read['token']['vs_harvest']:.1f}× the harvest's tokens/s (section 15)")
+        misses.append(f"harvest: read-back only {judged['vs_harvest']:.1f}× the harvest's tokens/s (section 15)")
     return md, targets, misses
