@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from surgery.core.globs import GLOB_CHARS, ROOT, glob_regex, type_matcher
+from surgery.core.globs import GLOB_CHARS, MAX_GLOB_LENGTH, ROOT, glob_regex, type_matcher
 from surgery.errors import ConfigError
 
 WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
@@ -141,7 +141,7 @@ class ModuleIndex:
         """Modules whose name matches ``select`` (None: all) and whose class matches ``types``,
         minus names matching ``exclude``; in order."""
         name_ok: Callable[[str], Any] | None
-        if select is not None and not any(GLOB_CHARS.search(p) for p in select):
+        if select is not None and all(_exact_name(p) for p in select):
             name_ok = frozenset(select).__contains__  # exact names (what a site resolves to): no regex to build
         else:
             name_ok = None if select is None else glob_regex(select, f"{where}.select").fullmatch
@@ -188,6 +188,12 @@ def select_modules(
     """Targets whose name matches ``select`` (None: all) and whose class matches ``types``,
     minus names matching ``exclude``; in the order given."""
     return ModuleIndex.from_targets(targets).select(select, types, exclude, where)
+
+
+def _exact_name(pattern: Any) -> bool:
+    """A selector that can only be a module's own name: the fast path; anything else is checked as a glob."""
+    return (isinstance(pattern, str) and 0 < len(pattern) <= MAX_GLOB_LENGTH and "" not in pattern.split(".")
+            and not GLOB_CHARS.search(pattern))  # fmt: skip
 
 
 def select_params(

@@ -118,7 +118,7 @@ CASES: list[Case] = [
         {"kind": "modify_output", "select": "block1", "op": "zero", "index": 5}),
     # ------------------------------------------------------------ missing required value
     act("missing_param", "param", "a value is required", {"kind": "init", "select": "classifier.1", "method": "ones"}),
-    act("missing_method", "method", "a value is required",
+    act("missing_method", "method", ("give a method", "or from: {file, key}"),
         {"kind": "init", "select": "classifier.1", "param": "weight"}),
     act("missing_name", "name", "a value is required", {"kind": "add_parameter", "select": "block1", "shape": [2]}),
     act("missing_op", "op", "a value is required", {"kind": "modify_output", "select": "block1"}),
