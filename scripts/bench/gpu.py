@@ -160,50 +160,20 @@ def study(model: Any, quick: bool) -> dict[str, Any]:
     import torch
 
     import surgery
-    from scripts.bench.study import _hidden, _with_hidden
+    from scripts.bench.study import METRICS, PATCH, hand_loop
 
     positions = 4 if quick else GRID_POSITIONS
     gen = torch.Generator().manual_seed(1)
     clean = torch.randint(5, 50257, (8, positions), generator=gen).to(model.device)
     corrupt = clean.clone()
     corrupt[:, positions // 2] = (clean[:, positions // 2] + 1) % 50257
-    actions = {
-        "cap": {"kind": "capture", "select": "transformer.h.{layer}", "what": ["input"]},
-        "patch": {"kind": "modify_input", "select": "transformer.h.{layer}", "op": "set", "index": "[:, {pos}]",
-                  "from": {"capture": "cap", "what": "input"}},
-    }  # fmt: skip
     grid = {"layer": f"0:{LAYERS}", "pos": f"0:{positions}"}
-    metrics = [{"logit_diff": {"correct": 3, "wrong": 4}}]
-
-    def diff(logits: Any) -> Any:
-        z = logits[:, -1].double()
-        return z[:, 3] - z[:, 4]
 
     def by_study() -> Any:
-        return surgery.study(model, actions, grid, corrupt, metrics, source=clean, batch_cells=1).values["logit_diff"]
+        return surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_cells=1).values["logit_diff"]
 
     def by_hand() -> Any:
-        out = torch.empty(LAYERS, positions, clean.shape[0], dtype=torch.float64, device=model.device)
-        blocks, cache = model.transformer.h, {}
-        with torch.no_grad():
-            handles = [b.register_forward_pre_hook(lambda m, a, k, i=i: cache.__setitem__(i, _hidden(a, k)),
-                                                   with_kwargs=True) for i, b in enumerate(blocks)]  # fmt: skip
-            model(clean)
-            for h in handles:
-                h.remove()
-            model(corrupt)  # the unmodified baseline, which a study also returns
-            for layer in range(LAYERS):
-                for pos in range(positions):
-
-                    def pre(m: Any, a: tuple, k: dict, pos: int = pos, saved: Any = cache[layer]) -> Any:
-                        x = _hidden(a, k).clone()
-                        x[:, pos] = saved[:, pos]
-                        return _with_hidden(a, k, x)
-
-                    handle = blocks[layer].register_forward_pre_hook(pre, with_kwargs=True)
-                    out[layer, pos] = diff(model(corrupt).logits)
-                    handle.remove()
-        return out
+        return hand_loop(model, clean, corrupt)
 
     assert torch.equal(by_study().cpu(), by_hand().cpu()), "study and hand loop differ on the GPU"
     variants = {"study": (lambda: lambda: None, by_study), "hand": (lambda: lambda: None, by_hand)}

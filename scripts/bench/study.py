@@ -96,14 +96,16 @@ def _baselines(model: Any, clean: Any, corrupt: Any) -> tuple[dict[int, Any], An
 
 
 def hand_loop(model: Any, clean: Any, corrupt: Any) -> Any:
-    """One forward per cell, a pre-hook on the cell's block setting its position to the clean input."""
+    """One forward per cell, a pre-hook on the cell's block setting its position to the clean input:
+    ``[layers, positions, prompts]`` in float64 on the host, for any GPT-2 and prompt size, on any device."""
     import torch
 
-    out = torch.empty(LAYERS, POSITIONS, PROMPTS, dtype=torch.float64)
+    layers, (prompts, positions) = len(model.transformer.h), clean.shape
+    out = torch.empty(layers, positions, prompts, dtype=torch.float64)
     with torch.no_grad():
         cache, _, _ = _baselines(model, clean, corrupt)
-        for layer in range(LAYERS):
-            for pos in range(POSITIONS):
+        for layer in range(layers):
+            for pos in range(positions):
 
                 def pre(m: Any, a: tuple, k: dict, pos: int = pos, saved: Any = cache[layer]) -> Any:
                     x = _hidden(a, k).clone()
