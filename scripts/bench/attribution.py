@@ -13,6 +13,8 @@ clean forward and one forward + backward of the corrupted prompts.
 * ``study AtP``: ``surgery.study(..., method="attribution")``.
 * ``forwards only``: the three passes AtP cannot avoid (clean; corrupted forward + backward), no hooks:
   what share of a study's time is the model's own.
+* ``one forward``: the corrupted prompts once without a gradient: the study's time in forwards.
+* Memory: peak RSS added by an exact (``patch``) study and by attribution of the grid, each in a fresh process.
 * Integrated gradients: ``method="integrated_gradients"`` at 1, 2, 4 and 8 steps: seconds against steps
   (one forward + backward per edited site and step, so linear in steps).
 
@@ -22,17 +24,19 @@ Target: study AtP / hand AtP ≤ 1.2. CPU time, torch on one thread, interleaved
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import statistics
 import sys
 import time
 from typing import Any
 
-from scripts.bench.common import Variant, interleave, machine, nothing, verdict, write_json
+from scripts.bench.common import ROOT, Variant, interleave, machine, nothing, run_child, verdict, write_json
 from scripts.bench.study import CORRECT, GRID, LAYERS, METRICS, PATCH, POSITIONS, PROMPTS, _hidden, setup
 
 TARGET = 1.2
 IG_STEPS = (1, 2, 4, 8)
-HAND, STUDY, FORWARDS = "hand AtP", "study AtP", "forwards only"
+HAND, STUDY, FORWARDS, ONE = "hand AtP", "study AtP", "forwards only", "one forward"
 
 
 def _diff(logits: Any) -> Any:
@@ -90,11 +94,43 @@ def by_study(model: Any, clean: Any, corrupt: Any, method: str, steps: int | Non
     return result.values["logit_diff"]
 
 
+def one_forward(model: Any, corrupt: Any) -> None:
+    """One forward of the corrupted prompts, no gradient: the unit AtP's cost is quoted in."""
+    import torch
+
+    with torch.no_grad():
+        model(corrupt)
+
+
+def child(method: str) -> dict[str, Any]:
+    """Peak RSS added by one study of the grid by ``method`` in this fresh process (model built and run first)."""
+    from scripts.bench.memory import rss_mib
+
+    model, clean, corrupt = setup()
+    forwards(model, clean, corrupt)  # torch's own lazy allocations (autograd too) belong to the floor
+    before = rss_mib()
+    by_study(model, clean, corrupt, method)
+    return {"method": method, "added_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before}
+
+
+def memory() -> list[dict[str, Any]]:
+    """Peak RSS added by an exact (``patch``) study and by attribution of the same grid, each in a fresh process."""
+    rows = []
+    for method in ("patch", "attribution"):
+        run = run_child([sys.executable, "-m", "scripts.bench.attribution", "--child", method], cwd=ROOT)
+        rows.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--child", choices=["patch", "attribution"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return 0
     import torch
 
     model, clean, corrupt = setup()
@@ -104,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         Variant(HAND, nothing, lambda: hand_atp(model, clean, corrupt)),
         Variant(STUDY, nothing, lambda: by_study(model, clean, corrupt, "attribution")),
         Variant(FORWARDS, nothing, lambda: forwards(model, clean, corrupt)),
+        Variant(ONE, nothing, lambda: one_forward(model, corrupt)),
     ]
     timing = interleave(variants, rounds=4 if args.quick else 15, reps=1 if args.quick else 3)
     low, high = timing.spread(STUDY, HAND)
@@ -121,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "machine": machine(),
         "cells": LAYERS * POSITIONS,
-        "times": {name: timing.median(name) for name in (HAND, STUDY, FORWARDS)},
+        "times": {name: timing.median(name) for name in (HAND, STUDY, FORWARDS, ONE)},
+        "in_forwards": timing.ratio(STUDY, ONE),
+        "hand_in_forwards": timing.ratio(HAND, ONE),
+        "memory": [] if args.quick else memory(),
         "ratio": timing.ratio(STUDY, HAND),
         "quartiles": [low, high],
         "target": TARGET,

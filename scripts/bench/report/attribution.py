@@ -43,6 +43,21 @@ def attribution_section(data: dict[str, Any] | None) -> tuple[list[str], list[li
         f" {data['ig_intercept'] * 1e3:.0f} ms (linear: one forward and backward per edited site and step).",
         "",
     ]
+    if "in_forwards" in data:
+        md += [
+            f"In forwards: the study costs {data['in_forwards']:.1f} forwards of the corrupted prompts"
+            f" ({t['one forward'] * 1e3:.1f} ms each), the hand-written AtP {data['hand_in_forwards']:.1f}"
+            " (published figures put AtP at about 3–4).",
+            "",
+        ]
+    if data.get("memory"):
+        md += [
+            "Peak RSS added by one study of the grid in a fresh process:"
+            + ";".join(f" {r['method']} {r['added_mib']:.1f} MiB" for r in data["memory"])
+            + " (attribution keeps one activation and one gradient per site; an exact study keeps the captures"
+            " of its source pass and every cell's plan).",
+            "",
+        ]
     if data.get("note"):
         md += [data["note"], ""]
     ok = data["verdict"] == "met"
