@@ -88,3 +88,17 @@ def _key(mapping: Mapping, item: Any) -> Any:
     if isinstance(item, int):
         return list(mapping)[item]
     raise KeyError(f"no key {item!r}; keys are {', '.join(map(str, mapping))}")
+
+
+def find_logits(output: Any) -> torch.Tensor | None:
+    """The logits in a model's output: the tensor itself, its ``logits`` (attribute or key), else the first tensor
+    of a tuple, list or mapping; None when it holds none (each caller refuses in its own words)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    found = getattr(output, "logits", None)
+    if found is None and isinstance(output, Mapping):
+        found = output.get("logits")
+    if isinstance(found, torch.Tensor):
+        return found
+    items = output.values() if isinstance(output, Mapping) else output if isinstance(output, (tuple, list)) else ()
+    return next((v for v in items if isinstance(v, torch.Tensor)), None)

@@ -11,21 +11,16 @@ from torch import nn
 
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
+from surgery.core.structure import find_logits
 from surgery.data.metrics import Metric, Scores, check_metrics, metrics_dict
 from surgery.errors import ConfigError
 
 
 def logits_of(output: Any) -> torch.Tensor:
     """The logits in a model's output: the tensor itself, ``.logits`` of a ModelOutput, or the first tensor."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    for value in items:
-        if isinstance(value, torch.Tensor):
-            return value
+    found = find_logits(output)
+    if found is not None:
+        return found
     raise ConfigError(f"metrics: the model's output ({type(output).__name__}) holds no tensor of logits")
 
 

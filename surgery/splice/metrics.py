@@ -25,7 +25,7 @@ from torch import nn
 
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import apply_plan
-from surgery.core.structure import get_item, replace_item
+from surgery.core.structure import find_logits, get_item, replace_item
 from surgery.errors import ConfigError
 from surgery.splice.formats import SpliceWeights, load
 from surgery.splice.kind import paths_for
@@ -193,13 +193,9 @@ def _split(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], torch.Tensor | 
 
 
 def _logits(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
+    found = find_logits(output)
+    if found is not None:
+        return found
     raise ConfigError(f"model: ce_loss_recovered needs logits; the model returned a {type(output).__name__}")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from surgery.core.structure import find_logits
 from surgery.errors import ConfigError
 from surgery.lm.text import IGNORE
 from surgery.study.rows import interleave
@@ -79,13 +80,7 @@ class Inputs:
 
 def logits_of(output: Any) -> torch.Tensor:
     """The logits of a model output: the tensor itself, ``.logits``, or the first tensor of a tuple."""
-    if isinstance(output, torch.Tensor):
-        return output
-    found = getattr(output, "logits", None)
-    if found is None and isinstance(output, Mapping):
-        found = output.get("logits")
-    if found is None and isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        found = output[0]
-    if not isinstance(found, torch.Tensor):
+    found = find_logits(output)
+    if found is None:
         raise ConfigError(f"study: the model's output ({type(output).__name__}) holds no logits tensor to score")
     return found
