@@ -13,8 +13,8 @@ from torch import nn
 
 from surgery.core.callables import check_targets, instantiate_reason
 from surgery.core.limits import check_built
-from surgery.core.schema import RunSettings, validate
-from surgery.errors import ConfigError, SurgeryError, did_you_mean
+from surgery.core.schema import RunSettings, settings_of  # noqa: F401 - settings_of re-exported (it lives in core)
+from surgery.errors import ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
 
 # The keys of a model config that surgery reads itself; every other key is an argument of _target_.
@@ -25,24 +25,6 @@ MODEL_KEYS = {
     "input": "the model's input defaults (the input keys below); the run's input overrides them",
 }
 MODEL_EXTRAS = ("checkpoint", "input")  # read by surgery, not passed to _target_
-
-
-GROUP_KEYS = ("model", "actions", "input")
-
-
-def settings_of(cfg: DictConfig) -> RunSettings:
-    """The run settings of a composed config, validated; an unknown top-level key is refused."""
-    names = list(RunSettings.__dataclass_fields__)
-    for key in map(str, cfg):
-        if key not in names and key not in GROUP_KEYS:
-            raise ConfigError(
-                f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))} Run settings: {', '.join(names)}."
-            )
-    values = {k: cfg[k] for k in names if k in cfg}
-    if isinstance(values.get("source"), DictConfig):  # +source=text with prompts set: its prompt stays ???
-        source = OmegaConf.to_container(values["source"], resolve=True)
-        values["source"] = {k: v for k, v in source.items() if v != "???"}  # type: ignore[union-attr]
-    return validate(RunSettings, values, "")
 
 
 def seed_everything(seed: int) -> None:

@@ -241,8 +241,7 @@ def _known_keys(cfg: DictConfig, parent: str) -> list[str] | None:
     if parent == "model":
         return list(MODEL_KEYS)
     if parent == "":
-        from surgery.app.build import GROUP_KEYS
-        from surgery.core.schema import RunSettings
+        from surgery.core.schema import GROUP_KEYS, RunSettings
 
         return [*RunSettings.__dataclass_fields__, *GROUP_KEYS]
     if parent.startswith("actions.") and parent.count(".") == 1:

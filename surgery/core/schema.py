@@ -143,6 +143,24 @@ def check_limits(limits: Any) -> None:
             raise FieldError(f"limits.{key}", f"{value!r} is not a positive number (or null for the default)")
 
 
+GROUP_KEYS = ("model", "actions", "input")
+
+
+def settings_of(cfg: DictConfig) -> RunSettings:
+    """The run settings of a composed config, validated; an unknown top-level key is refused."""
+    names = list(RunSettings.__dataclass_fields__)
+    for key in map(str, cfg):
+        if key not in names and key not in GROUP_KEYS:
+            raise ConfigError(
+                f"{key}: unknown key.{did_you_mean(key, names + list(GROUP_KEYS))} Run settings: {', '.join(names)}."
+            )
+    values = {k: cfg[k] for k in names if k in cfg}
+    if isinstance(values.get("source"), DictConfig):  # +source=text with prompts set: its prompt stays ???
+        source = OmegaConf.to_container(values["source"], resolve=True)
+        values["source"] = {k: v for k, v in source.items() if v != "???"}  # type: ignore[union-attr]
+    return validate(RunSettings, values, "")
+
+
 def limits_of(settings: RunSettings) -> Limits:
     """The limits a run enforces: the ones set, and under ``safe`` the safe defaults for those left null."""
     given = {k: v for k, v in (settings.limits or {}).items() if v is not None}

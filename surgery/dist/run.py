@@ -46,7 +46,7 @@ def wrapped(model: Any) -> Any:
 def run_ranks(cfg: DictConfig, out_dir: Path, run_job: Callable[[DictConfig, Path], dict[str, Any]]) -> dict[str, Any]:
     """Run ``run_job`` on this rank into a staging folder, then gather every rank's files and report."""
     global _inside, _wrap, _device
-    from surgery.app.build import settings_of
+    from surgery.core.schema import settings_of
 
     settings = settings_of(cfg)  # a bad setting is refused as in any run, before joining the group
     _device = start_group(settings.device)
