@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-import inspect
 import math
-import queue
 import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +35,7 @@ from surgery.core.limits import check_memory
 from surgery.core.output import say
 from surgery.errors import ConfigError
 from surgery.files.write import expect_disk, write_json, write_tensors
+from surgery.harvest.feed import example_of, forward_kwargs, run_forward, site_tensor
 from surgery.harvest.shards import (
     FORMAT,
     MANIFEST,
@@ -48,6 +46,7 @@ from surgery.harvest.shards import (
     stored_ids,
     token_file,
 )
+from surgery.harvest.stream import chained, in_shards, prefetched
 
 ACTION = "harvest"  # mode=harvest adds a capture action harvest_I to the recipe for selector I of harvest.sites
 MiB = 2**20
@@ -110,7 +109,7 @@ def harvest(run: HarvestRun) -> Outcome:
         manifest = _start(run, names, shapes, dtype, per_shard)
         with ThreadPoolExecutor(1, thread_name_prefix="harvest-writer") as writer:
             state = _Loop(run, surgery, names, shapes, dtype, per_shard, writer, kwargs, device, manifest)
-            state.run(_chain(first, rows))
+            state.run(chained(first, rows))
         manifest = _finish(run, manifest, state, time.perf_counter() - clock)
     finally:
         surgery.remove()
@@ -130,7 +129,7 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
     recipe = {**run.actions, **{name: {"kind": "capture", "select": selector} for name, selector in captures.items()}}
     try:
         plan = compile_plan(run.model, recipe, seed=run.seed, strict=run.strict, safe=run.safe,
-                            **_example(example, kwargs))  # fmt: skip
+                            **example_of(example, kwargs))  # fmt: skip
     except ConfigError as e:
         text = str(e)
         ours = next((name for name in captures if text.startswith(f"actions.{name}.")), None)
@@ -159,68 +158,10 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
     return plan, names
 
 
-def forward_kwargs(model: nn.Module) -> dict[str, Any]:
-    """How every harvest forward passes the token ids: ``input_ids=`` where forward takes it (then no key/value
-    cache where there is one), else positionally; ``{"_positional": True}`` marks the latter."""
-    try:
-        parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return {}
-    if "input_ids" not in parameters:
-        return {"_positional": True}
-    return {"use_cache": False} if "use_cache" in parameters else {}
-
-
-def run_forward(model: nn.Module, ids: torch.Tensor, kwargs: dict[str, Any]) -> None:
-    """``model`` on a batch of token ids, as :func:`forward_kwargs` says, without autograd."""
-    with torch.no_grad():
-        if kwargs.get("_positional"):
-            model(ids)
-        else:
-            model(input_ids=ids, **kwargs)
-
-
-def _example(ids: torch.Tensor, kwargs: dict[str, Any]) -> dict[str, Any]:
-    if kwargs.get("_positional"):
-        return {"example_inputs": (ids,)}
-    return {"example_kwargs": {"input_ids": ids, **kwargs}}
-
-
 def rows_per_shard(row_bytes: int, shard_mb: float, batch_size: int) -> int:
     """Rows per shard: as many whole batches as fit ``shard_mb`` MiB for the widest site (at least one batch)."""
     fit = int(shard_mb * MiB // max(row_bytes, 1))
     return max(batch_size, fit // batch_size * batch_size)
-
-
-def site_tensor(surgery: Surgery, action: str, name: str, rows: int, context: int) -> torch.Tensor:
-    """The one call's tensor capture ``action`` recorded on module ``name`` this forward, then forgotten."""
-    record = surgery.captures[action][name]
-    calls = list(record.calls)
-    record.calls.clear()
-    if len(calls) != 1:
-        raise ConfigError(
-            f"harvest.sites: {name} ran {len(calls)} times in one forward; harvest modules that run once per forward"
-        )
-    call = calls[0]
-    for value in (call.output, call.input, call.kwargs):
-        found = _positional(value, rows, context)
-        if found is not None:
-            return found
-    raise ConfigError(
-        f"harvest.sites: {name} gives no tensor shaped [rows, context, ...] ({rows}, {context}); harvest modules"
-        " whose output has one vector per token"
-    )
-
-
-def _positional(value: Any, rows: int, context: int) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value if value.dim() >= 2 and tuple(value.shape[:2]) == (rows, context) else None
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
-    for item in items:
-        found = _positional(item, rows, context)
-        if found is not None:
-            return found
-    return None
 
 
 def _probe(
@@ -289,7 +230,7 @@ class _Loop:
         rank, world = self.job.ranks
         total = None if self.job.limit_rows is None else self.job.limit_rows * self.job.context
         with _bar(total, self.job.progress and rank == 0) as bar:
-            for number, ids in enumerate(prefetched(_shards(rows, self.per_shard))):
+            for number, ids in enumerate(prefetched(in_shards(rows, self.per_shard))):
                 tokens = token_file(ids, self.job.excluded)
                 self.corpus.update(tokens["input_ids"].numpy().tobytes())
                 self.rows += ids.shape[0]
@@ -397,62 +338,6 @@ def _finish(run: HarvestRun, manifest: dict[str, Any], loop: _Loop, seconds: flo
     if run.ranks[0] == 0:
         write_json(run.directory / MANIFEST, manifest)
     return manifest
-
-
-def _shards(rows: Iterator[torch.Tensor], per_shard: int) -> Iterator[torch.Tensor]:
-    """The rows ``per_shard`` at a time as one int64 ``[n, context]`` tensor (the last may be shorter)."""
-    chunk: list[torch.Tensor] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == per_shard:
-            yield torch.stack(chunk)
-            chunk = []
-    if chunk:
-        yield torch.stack(chunk)
-
-
-def prefetched(items: Iterator[Any]) -> Iterator[Any]:
-    """``items`` made one ahead by a background thread: reading and tokenizing the next shard's rows overlaps the
-    forwards of this one. An exception there is raised here; leaving early stops the thread."""
-    ahead: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-    leaving = threading.Event()
-
-    def put(entry: tuple[str, Any]) -> bool:
-        while not leaving.is_set():
-            try:
-                ahead.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def fill() -> None:
-        try:
-            for item in items:
-                if not put(("item", item)):
-                    return
-            put(("done", None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-            put(("error", e))
-
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(fill,), name="harvest-rows", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = ahead.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        leaving.set()
-        thread.join()
-
-
-def _chain(first: torch.Tensor, rest: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
-    yield first
-    yield from rest
 
 
 def _bar(total: int | None, shown: bool) -> Any:
