@@ -6,6 +6,8 @@ hidden dim, per example; integrated gradients average the gradient over points b
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -126,3 +128,24 @@ def test_an_intervention_attribution_cannot_estimate_is_refused_before_running(t
     actions = {"z": {"kind": "replace_forward", "select": "transformer.h.{layer}.mlp", "fn": "zero"}}
     with pytest.raises(ConfigError, match=r"^study.method: attribution estimates .*study cell \{layer: 0\}"):
         surgery.study(model, actions, {"layer": [0, 1]}, corrupt, METRICS[:1], method="attribution")
+
+
+def test_cells_derived_from_their_group_equal_cells_compiled_one_by_one(tiny_lm, monkeypatch) -> None:
+    """Cells differing only in index and value take their group's plan; compiling every cell gives the same bits."""
+    model, clean, corrupt = tiny_lm
+    scaled = {**PATCH, "scale": {"kind": "modify_output", "select": "transformer.h.{layer}.mlp", "op": "mul",
+                                 "value": "{coef}", "index": "[:, {pos}]"}}  # fmt: skip
+    grid = {**GRID, "coef": [0.5, 2]}
+    fast = surgery.study(model, scaled, grid, corrupt, METRICS[:1], source=clean, method="attribution")
+    monkeypatch.setattr(importlib.import_module("surgery.study.template"), "_derived", lambda *a: None)  # one plan each
+    slow = surgery.study(model, scaled, grid, corrupt, METRICS[:1], source=clean, method="attribution")
+    assert torch.equal(fast.values["logit_diff"], slow.values["logit_diff"])
+    assert fast.values["logit_diff"][:, :, 0].ne(fast.values["logit_diff"][:, :, 1]).any()  # coef changes it
+
+
+def test_an_index_that_does_not_fit_is_refused_naming_the_cell(tiny_lm) -> None:
+    model, clean, corrupt = tiny_lm
+    grid = {"layer": "0:2", "pos": [0, 9]}  # 5 positions: [:, 9] fits no input
+    message = r"^study cell \{layer: 0, pos: 9\}: actions.patch.index: \[:, 9\] does not fit the input, shape \[3, 5, "
+    with pytest.raises(ConfigError, match=message):
+        surgery.study(model, PATCH, grid, corrupt, METRICS[:1], source=clean, method="attribution")

@@ -123,6 +123,22 @@ def _literal_int(node: ast.expr) -> int:
 
 def compile_index(text: str, where: str) -> tuple[Any, ...]:
     """Turn a literal index like ``"[:, 3:5]"`` into ``(slice(None), slice(3, 5))``; nothing is evaluated."""
+    if isinstance(text, str):
+        found = _INDEXES.get(text)
+        if found is not None:
+            return found
+    index = _compile_index(text, where)
+    if len(_INDEXES) >= MAX_KEPT_INDEXES:
+        _INDEXES.clear()
+    _INDEXES[text] = index  # a tuple of ints, slices, None and Ellipsis: nothing a caller can change
+    return index
+
+
+_INDEXES: dict[str, tuple[Any, ...]] = {}  # each index text parsed once (a study's cells repeat them)
+MAX_KEPT_INDEXES = 4096
+
+
+def _compile_index(text: str, where: str) -> tuple[Any, ...]:
     text = check_text(text, where)
     if not (text.startswith("[") and text.endswith("]")):
         raise ConfigError(f"{where}: an index must be written in brackets, like '[:, 3:5]'; got '{shorten(text)}'")

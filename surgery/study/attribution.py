@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import input_at, input_position
+from surgery.actions.base import KeyedError, input_at, input_position
 from surgery.actions.sources import onto
 from surgery.core.compiler import Plan
 from surgery.core.structure import get_item, replace_item
@@ -40,6 +40,9 @@ class Edit:
     value: float | None
     index: tuple[Any, ...] | None
     heads: int | None = None  # the index is on the site viewed as [..., heads, d_head] (an @heads site)
+    where: str = ""  # "study cell {layer: 0, pos: 3}: actions.patch", for a shape that does not fit
+    index_text: str | None = None
+    action: str = ""
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Site:
     what: str
     item: Any
     position: int | None
+    where: str = ""  # the first action reading it: "actions.patch"
 
 
 def edits_of(plan: Plan, cell: str) -> list[Edit]:
@@ -60,7 +64,7 @@ def edits_of(plan: Plan, cell: str) -> list[Edit]:
             continue
         cfg, where = step.config, f"{cell}: actions.{step.name}"
         if step.kind not in ("modify_input", "modify_output") or cfg.op not in EDITS or cfg.function is not None:
-            what = f"{step.kind} op {getattr(cfg, 'op', '')}"
+            what = step.kind + (f" op {cfg.op}" if getattr(cfg, "op", None) else "")
             raise ConfigError(
                 f"study.method: attribution estimates {', '.join(EDITS)} ops of modify_input/modify_output;"
                 f" {where} is {what}; use method: patch"
@@ -77,7 +81,8 @@ def edits_of(plan: Plan, cell: str) -> list[Edit]:
         for target in step.targets:
             site = (id(target.module), what, cfg.item)
             src = (id(target.module), str(source.get("what", "output")), cfg.item) if source else None
-            edits.append(Edit(site, src, cfg.op, cfg.value, index, getattr(cfg, "heads", None)))
+            heads = getattr(cfg, "heads", None)
+            edits.append(Edit(site, src, cfg.op, cfg.value, index, heads, where, cfg.index, step.name))
     if not edits:
         raise ConfigError(f"study.method: {cell} changes nothing an attribution can estimate")
     return edits
@@ -100,7 +105,7 @@ def sites_of(plans: list[Plan]) -> dict[Key, Site]:
                 target = modules[key[0]]
                 named = isinstance(key[2], str) and key[1] == "input"
                 position = input_position(target, key[2], "study") if named else None
-                found.setdefault(key, Site(target.module, key[1], key[2], position))
+                found.setdefault(key, Site(target.module, key[1], key[2], position, f"actions.{step.name}"))
     return found
 
 
@@ -114,7 +119,10 @@ def record(sites: dict[Key, Site], into: dict[Key, torch.Tensor], replace: Repla
         if site.what == "output":
 
             def after(m: nn.Module, args: Any, output: Any, key: Key = key, site: Site = site) -> Any:
-                value = get_item(output, site.item)
+                try:
+                    value = get_item(output, site.item)
+                except (IndexError, KeyError, TypeError) as e:
+                    raise _not_there(site, e) from None
                 new = replace(key, value) if replace is not None else value
                 into[key] = new
                 return None if new is value else replace_item(output, site.item, new)
@@ -123,7 +131,10 @@ def record(sites: dict[Key, Site], into: dict[Key, torch.Tensor], replace: Repla
         else:
 
             def before(m: nn.Module, args: Any, kwargs: Any, key: Key = key, site: Site = site) -> Any:
-                holder, at = input_at(args, kwargs, site.item, site.position)
+                try:
+                    holder, at = input_at(args, kwargs, site.item, site.position)
+                except KeyedError as e:
+                    raise _not_there(site, e) from None
                 value = holder[at]
                 new = replace(key, value) if replace is not None else value
                 into[key] = new
@@ -137,6 +148,34 @@ def record(sites: dict[Key, Site], into: dict[Key, torch.Tensor], replace: Repla
     return handles
 
 
+def _not_there(site: Site, e: Exception) -> ConfigError:
+    """The site's ``item`` is not in the module's input or output on this input."""
+    why = str(e) if isinstance(e, KeyedError) else e
+    return ConfigError(f"{site.where}.item: {site.item!r} does not fit the {site.what} of the module on this input:"
+                       f" {why}")  # fmt: skip
+
+
+def checked_estimate(
+    edit: Edit, main: dict[Key, torch.Tensor], grad: dict[Key, torch.Tensor], source: dict[Key, torch.Tensor],
+    products: dict[Any, torch.Tensor],
+) -> torch.Tensor:  # fmt: skip
+    """``estimate``; an index or source that does not fit the site on this input is a ConfigError naming the cell."""
+    try:
+        return estimate(edit, main, grad, source, products)
+    except (IndexError, RuntimeError, KeyedError) as e:
+        shape = list(main[edit.site].shape)
+        if edit.heads is not None and (not shape or shape[-1] % edit.heads):
+            raise ConfigError(f"{edit.where}.heads: the {edit.site[1]} has shape {shape}, whose last dim does not"
+                              f" split into {edit.heads} heads") from None  # fmt: skip
+        if isinstance(e, KeyedError):
+            raise ConfigError(f"{edit.where}.{e.key}: {e}") from None
+        if edit.index_text is not None:
+            raise ConfigError(
+                f"{edit.where}.index: {edit.index_text} does not fit the {edit.site[1]}, shape {shape}: {e}"
+            ) from None
+        raise
+
+
 def estimate(
     edit: Edit,
     main: dict[Key, torch.Tensor],
@@ -147,17 +186,28 @@ def estimate(
     """``Σ delta · gradient`` over the edit's part, per example (float64).
 
     ``products`` keeps ``(source - main) · gradient`` over a whole site, so that the cells patching parts of
-    the same site from the same source cut it instead of each computing its part (the same numbers).
+    the same site from the same source cut it instead of each computing its part (the same numbers); for an
+    index of leading integers (``[:, 3]``, ``[:, 3, 0]``) it also keeps the product summed over the other
+    dims, so that each such cell is one lookup.
     """
-    t, g = _viewed(main[edit.site].detach(), edit.heads), _viewed(grad[edit.site], edit.heads)
     if products is not None and edit.op in ("set", "patch") and edit.source is not None and edit.index is not None:
-        src = _viewed(source[edit.source], edit.heads)
-        if src.shape == t.shape:
-            key = (edit.site, edit.source, edit.heads)
-            if key not in products:
-                products[key] = (src.to(t.dtype) - t).double() * g.double()
-            cut = products[key][edit.index]
+        key = (edit.site, edit.source, edit.heads)
+        if key not in products:
+            t, src = _viewed(main[edit.site].detach(), edit.heads), _viewed(source[edit.source], edit.heads)
+            if src.shape == t.shape:
+                products[key] = (src.to(t.dtype) - t).double() * _viewed(grad[edit.site], edit.heads).double()
+        product = products.get(key)
+        if product is not None:
+            lead = _leading_ints(edit.index, product.dim())
+            if lead is not None:
+                summed = products.get((key, len(lead)))
+                if summed is None:
+                    summed = products[(key, len(lead))] = product.flatten(len(lead) + 1).sum(-1)
+                pick: tuple[Any, ...] = (slice(None), *lead)
+                return summed[pick]
+            cut = product[edit.index]
             return cut.reshape(cut.shape[0], -1).sum(dim=1) if cut.dim() > 1 else cut
+    t, g = _viewed(main[edit.site].detach(), edit.heads), _viewed(grad[edit.site], edit.heads)
     part = t if edit.index is None else t[edit.index]
     g_part = g if edit.index is None else g[edit.index]
     if edit.op in ("set", "patch"):
@@ -175,6 +225,17 @@ def estimate(
         delta = -part
     product = (delta.double() * g_part.double()).expand(part.shape)
     return product.reshape(part.shape[0], -1).sum(dim=1) if product.dim() > 1 else product
+
+
+def _leading_ints(index: tuple[Any, ...], dims: int) -> tuple[int, ...] | None:
+    """The integers of an index ``(:, i, j)`` that keeps every example and picks leading positions (they fit
+    ``dims``); None for any other index (slices, ``...``), which is cut the general way."""
+    if len(index) < 2 or len(index) >= dims or index[0] != slice(None):
+        return None
+    lead = index[1:]
+    if not all(type(i) is int for i in lead):
+        return None
+    return lead  # type: ignore[return-value]
 
 
 def _viewed(tensor: torch.Tensor, heads: int | None) -> torch.Tensor:
@@ -211,8 +272,18 @@ def attribute_batch(
         for key in {e.site for cell in edits for e in cell}:
             grad[key] = _integrated(model, sites, key, run, score, main[key].detach(), source[key], steps)
     products: dict[Any, torch.Tensor] = {}
-    return torch.stack([sum((estimate(e, main, grad, source, products) for e in cell), torch.zeros(()))
-                        for cell in edits])  # fmt: skip
+    return torch.stack([_cell_estimate(cell, main, grad, source, products) for cell in edits])
+
+
+def _cell_estimate(
+    cell: list[Edit], main: dict[Key, torch.Tensor], grad: dict[Key, torch.Tensor], source: dict[Key, torch.Tensor],
+    products: dict[Any, torch.Tensor],
+) -> torch.Tensor:  # fmt: skip
+    """The sum of a cell's edits' estimates (most cells make one edit)."""
+    total = checked_estimate(cell[0], main, grad, source, products)
+    for edit in cell[1:]:
+        total = total + checked_estimate(edit, main, grad, source, products)
+    return total
 
 
 def _gradients(

@@ -8,6 +8,7 @@ attribution method the cells are estimated instead, from one forward and backwar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,7 +40,7 @@ class Run:
     """One study's cells over its inputs; ``score`` fills a Progress and the baselines."""
 
     model: nn.Module
-    plans: list[Plan]
+    plans: Sequence[Plan]  # a study by attribution compiles a cell's plan only when it runs exactly (verify_top)
     bound: list[PerExample]
     data: Inputs
     source: Inputs | None
@@ -74,7 +75,7 @@ class Run:
     def _batch(self, progress: Progress, rows: slice) -> None:
         batch, y = self.data.rows(rows.start, rows.stop), None if self.labels is None else self.labels[rows]
         clean = self.source.rows(rows.start, rows.stop) if self.source is not None else None
-        pending = [g for g in self.groups if progress.pending(g, rows)]  # resume: only what is left
+        pending = progress.pending_groups(self.groups, rows)  # resume: only what is left
         if self.attribution is not None and pending:  # its own passes give the baselines too
             self._estimate(progress, rows, batch, clean, y, pending)
             return
@@ -125,8 +126,7 @@ class Run:
                     _score(self.bound, self.src_base, rows, logits_of(held["source"]).detach(), y, reference)
             base = self.base[metric.name][rows]  # float64 on the host, whatever device the model is on
             progress.values[metric.name][:, rows] = base + estimates.detach().to(base.device, base.dtype)
-        for group in pending:
-            progress.finished(group, rows)
+        progress.finished([i for group in pending for i in group], rows)
 
 
 def _scored(metric: PerExample, labels: torch.Tensor | None, held: dict[str, Any], output: Any) -> torch.Tensor:

@@ -56,17 +56,16 @@ class PerExample:
 
 def scored(logits: torch.Tensor, labels: torch.Tensor | None, pos: int | None) -> torch.Tensor:
     """The ``[batch, vocab]`` logits at each row's scored position, in float64."""
-    z = logits.double()  # not detached: an attribution differentiates the metric
-    if z.dim() == 2:
-        return z
-    if z.dim() != 3:
-        raise ConfigError(f"study.metrics: logits [batch, vocab] or [batch, length, vocab]; got {list(z.shape)}")
-    rows = torch.arange(z.shape[0], device=z.device)
-    if pos is None:
-        return z[rows, last_positions(z, labels)]
-    if not -z.shape[1] <= pos < z.shape[1]:
-        raise ConfigError(f"study.metrics: pos {pos} is outside the input's {z.shape[1]} positions")
-    return z[:, pos]
+    if logits.dim() == 2:  # not detached: an attribution differentiates the metric
+        return logits.double()
+    if logits.dim() != 3:
+        raise ConfigError(f"study.metrics: logits [batch, vocab] or [batch, length, vocab]; got {list(logits.shape)}")
+    if pos is None:  # the positions picked first, then widened: the same numbers, a vocab row per example converted
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return logits[rows, last_positions(logits, labels)].double()
+    if not -logits.shape[1] <= pos < logits.shape[1]:
+        raise ConfigError(f"study.metrics: pos {pos} is outside the input's {logits.shape[1]} positions")
+    return logits[:, pos].double()
 
 
 def _logit_diff(correct: int, wrong: int, pos: int | None, logits: Any, labels: Any, reference: Any) -> torch.Tensor:

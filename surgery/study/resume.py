@@ -38,9 +38,10 @@ class Progress:
         values = {m: torch.full((cells, examples), torch.nan, dtype=torch.float64) for m in metrics}
         return cls(values, torch.zeros(cells, examples, dtype=torch.bool))
 
-    def pending(self, cells: list[int], rows: slice) -> bool:
-        """Whether any of ``cells`` still has to score an example of ``rows``."""
-        return not bool(self.done[cells, rows].all())
+    def pending_groups(self, groups: list[list[int]], rows: slice) -> list[list[int]]:
+        """The groups of cells with an example of ``rows`` still to score (``pending`` of each, in one pass)."""
+        left = (~self.done[:, rows].all(dim=1)).tolist()
+        return [g for g in groups if any(left[i] for i in g)]
 
     def finished(self, cells: list[int], rows: slice) -> None:
         """Mark ``cells`` × ``rows`` scored; save when a while has passed since the last save."""

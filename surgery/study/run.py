@@ -17,7 +17,6 @@ from torch import nn
 from surgery.core.compiler import Plan, Shared, compile_plan, load_actions
 from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
-from surgery.study.attribution import edits_of, sites_of
 from surgery.study.cells import Attribution, Run
 from surgery.study.grid import cells, check_uses, fill, parse_grid
 from surgery.study.inputs import Inputs
@@ -27,6 +26,7 @@ from surgery.study.resume import Progress
 from surgery.study.rows import cells_per_forward, restricted, why_not_rowwise
 from surgery.study.sources import shared_captures
 from surgery.study.stats import N_BOOT, bootstrap, mean, normalized
+from surgery.study.template import cell_text, derive
 from surgery.study.verify import verified
 
 METHODS = ("patch", "attribution", "integrated_gradients")
@@ -49,10 +49,6 @@ def check_method(method: str, steps: int | None, verify_top: int | None) -> None
             raise ConfigError("study.verify_top: checks an attribution's estimates; patch is exact already, drop it")
         if isinstance(verify_top, bool) or not isinstance(verify_top, int) or verify_top < 1:
             raise ConfigError(f"study.verify_top: a number of cells (1 or more); got {verify_top!r}")
-
-
-def cell_text(cell: Mapping[str, Any]) -> str:
-    return "{" + ", ".join(f"{k}: {v}" for k, v in cell.items()) + "}"
 
 
 def plan_cells(
@@ -138,21 +134,32 @@ def run_study(
     n = data.examples
     if src is not None and src.examples != n:
         src = src.repeated(n)  # one source example serves every row: the same rows as the inputs
-    exact = method == "patch"
-    k = _cells_per_forward(spec, grid_cells, batch_cells, batch_size or n, src is not None) if exact else 1
-    filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k)
-    first = data.rows(0, 1)
-    probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
-    run = Run(model, plans, bound, data, src, labels, batch_size or n, k,
-              shared_captures(filled, plans) if src is not None else None)  # fmt: skip
-    if not exact:
+    if method == "patch":
+        k = _cells_per_forward(spec, grid_cells, batch_cells, batch_size or n, src is not None)
+        filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k)
+        first = data.rows(0, 1)
+        probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
+        run = Run(model, plans, bound, data, src, labels, batch_size or n, k,
+                  shared_captures(filled, plans) if src is not None else None)  # fmt: skip
+    else:
         flat = [m.name for m in bound if m.name in ("rank", "accuracy")]
         if flat:
             raise ConfigError(f"study.metrics: {flat[0]} has no gradient, so {method} cannot estimate it; use"
                               " logit_diff, prob, logit, loss or kl, or method: patch")  # fmt: skip
-        edits = [edits_of(p, f"study cell {cell_text(c)}") for p, c in zip(plans, grid_cells, strict=True)]
-        run.attribution = Attribution(sites_of(plans), edits, steps if method == "integrated_gradients" else None)
-    progress = progress or Progress.fresh([m.name for m in bound], len(plans), n)
+        derived = derive(model, spec, grid_cells, seed, strict, safe)  # one plan per selection, not per cell
+        run = Run(
+            model,
+            derived.plans,
+            bound,
+            data,
+            src,
+            labels,
+            batch_size or n,
+            1,
+            None,
+            Attribution(derived.sites, derived.edits, steps if method == "integrated_gradients" else None),
+        )
+    progress = progress or Progress.fresh([m.name for m in bound], len(run.plans), n)
     rank, world = ranks or (0, 1)
     for number, group in enumerate(run.groups):
         if number % world != rank:  # another rank's cells: scored there, gathered below
