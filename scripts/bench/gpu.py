@@ -227,7 +227,7 @@ def harvest(model: Any, quick: bool) -> dict[str, Any] | None:
     return harvest_vs_forward(model, quick)
 
 
-PARTS = {"overhead": overhead, "study": study, "generation": generation, "harvest": harvest}
+PARTS = {"study": study, "generation": generation, "harvest": harvest, "overhead": overhead}  # the longest last
 
 
 def merged_runs(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -241,6 +241,15 @@ def merged_runs(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, An
         data["overhead"] = [fresh.pop(key(r), r) for r in old.get("overhead", [])] + list(fresh.values())
         data["rerun_tasks"] = sorted({*old.get("rerun_tasks", []), *(r["task"] for r in new["overhead"])})
     return data
+
+
+def _write_out(out: Path, data: dict[str, Any]) -> None:
+    """DIR/gpu.json (only the parts run) and DIR/gpu.md (the section: them over the last run's)."""
+    from scripts.bench.report.gpu import gpu_section, last_gpu_run
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(str(out / "gpu.json"), data)
+    (out / "gpu.md").write_text("\n".join(gpu_section(merged_runs(last_gpu_run(), data))[0]) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,14 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         begin = time.perf_counter()
         data[part] = run(copy.deepcopy(model) if part == "generation" else model, args.quick)
         print(f"== {part}: {time.perf_counter() - begin:.0f} s", flush=True)
-    data["seconds"] = time.perf_counter() - started
-    if args.out:
-        from scripts.bench.report.gpu import gpu_section, last_gpu_run
-
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(str(out / "gpu.json"), data)  # only the parts run; the section shows them over the last run's
-        (out / "gpu.md").write_text("\n".join(gpu_section(merged_runs(last_gpu_run(), data))[0]) + "\n")
+        data["seconds"] = time.perf_counter() - started
+        if args.out:  # after every part: a run stopped by gpu_check's time limit keeps what finished
+            _write_out(Path(args.out), data)
     write_json(args.json, data)
     if not (args.json or args.out):
         print(json.dumps(data, indent=1, default=str))
