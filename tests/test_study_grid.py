@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from surgery.errors import ConfigError
-from surgery.study.grid import cells, check_uses, fill, parse_grid
+from surgery.study.grid import cells, check_uses, fill, filler, parse_grid
 
 
 def test_ranges_lists_and_all_become_value_lists() -> None:
@@ -61,3 +61,10 @@ def test_bad_grids_are_refused_naming_the_variable(grid, message) -> None:
     with pytest.raises(ConfigError) as e:
         parse_grid(grid)
     assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("text", ["[:, {pos}]", "{coef}", "transformer.h.{layer}.{{x}}", "no placeholder", "{a}{b}"])
+def test_a_filler_fills_one_text_as_fill_does(text: str) -> None:
+    cell = {"pos": 3, "coef": 0.5, "layer": 1, "a": "x", "b": 2}
+    assert filler(text)(cell) == fill(text, cell)
+    assert type(filler(text)(cell)) is type(fill(text, cell))

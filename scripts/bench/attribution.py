@@ -14,6 +14,8 @@ clean forward and one forward + backward of the corrupted prompts.
 * ``forwards only``: the three passes AtP cannot avoid (clean; corrupted forward + backward), no hooks:
   what share of a study's time is the model's own.
 * ``one forward``: the corrupted prompts once without a gradient: the study's time in forwards.
+* ``planning the cells``: what the study does before running anything (``surgery.study.template.derive``: one
+  plan per distinct selection, each cell's edits derived from it): its share of the study.
 * Memory: peak RSS added by an exact (``patch``) study and by attribution of the grid, each in a fresh process.
 * Integrated gradients: ``method="integrated_gradients"`` at 1, 2, 4 and 8 steps: seconds against steps
   (one forward + backward per edited site and step, so linear in steps).
@@ -36,7 +38,7 @@ from scripts.bench.study import CORRECT, GRID, LAYERS, METRICS, PATCH, POSITIONS
 
 TARGET = 1.2
 IG_STEPS = (1, 2, 4, 8)
-HAND, STUDY, FORWARDS, ONE = "hand AtP", "study AtP", "forwards only", "one forward"
+HAND, STUDY, FORWARDS, ONE, PLAN = "hand AtP", "study AtP", "forwards only", "one forward", "planning the cells"
 
 
 def _diff(logits: Any) -> Any:
@@ -94,6 +96,16 @@ def by_study(model: Any, clean: Any, corrupt: Any, method: str, steps: int | Non
     return result.values["logit_diff"]
 
 
+def planning(model: Any) -> Any:
+    """The study's planning alone: every cell's edits derived from one plan per selection (no forward)."""
+    from surgery.core.compiler import load_actions
+    from surgery.study.grid import cells, parse_grid
+    from surgery.study.template import derive
+
+    spec, grid_cells = load_actions(PATCH), cells(parse_grid(GRID, positions=POSITIONS))
+    return lambda: derive(model, spec, grid_cells, 0, True, False)
+
+
 def one_forward(model: Any, corrupt: Any) -> None:
     """One forward of the corrupted prompts, no gradient: the unit AtP's cost is quoted in."""
     import torch
@@ -141,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         Variant(STUDY, nothing, lambda: by_study(model, clean, corrupt, "attribution")),
         Variant(FORWARDS, nothing, lambda: forwards(model, clean, corrupt)),
         Variant(ONE, nothing, lambda: one_forward(model, corrupt)),
+        Variant(PLAN, nothing, planning(model)),
     ]
     timing = interleave(variants, rounds=4 if args.quick else 15, reps=1 if args.quick else 3)
     low, high = timing.spread(STUDY, HAND)
@@ -158,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "machine": machine(),
         "cells": LAYERS * POSITIONS,
-        "times": {name: timing.median(name) for name in (HAND, STUDY, FORWARDS, ONE)},
+        "times": {name: timing.median(name) for name in (HAND, STUDY, FORWARDS, ONE, PLAN)},
+        "plan_share": timing.ratio(PLAN, STUDY),
         "in_forwards": timing.ratio(STUDY, ONE),
         "hand_in_forwards": timing.ratio(HAND, ONE),
         "memory": [] if args.quick else memory(),

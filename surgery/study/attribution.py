@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,15 +30,14 @@ EDITS = ("set", "patch", "add", "mul", "zero")
 Key = tuple[int, str, Any]  # (id(module), "input" | "output", item)
 
 
-@dataclass(frozen=True)
-class Edit:
+class Edit(NamedTuple):
     """One cell's change at one site: the op, its value, where its source is recorded, and the index."""
 
     site: Key
     source: Key | None  # where a from: {capture} source is recorded (the same module)
     op: str
     value: float | None
-    index: tuple[Any, ...] | None
+    cut: tuple[Any, ...] | None  # the index, parsed
     heads: int | None = None  # the index is on the site viewed as [..., heads, d_head] (an @heads site)
     where: str = ""  # "study cell {layer: 0, pos: 3}: actions.patch", for a shape that does not fit
     index_text: str | None = None
@@ -190,7 +189,7 @@ def estimate(
     index of leading integers (``[:, 3]``, ``[:, 3, 0]``) it also keeps the product summed over the other
     dims, so that each such cell is one lookup.
     """
-    if products is not None and edit.op in ("set", "patch") and edit.source is not None and edit.index is not None:
+    if products is not None and edit.op in ("set", "patch") and edit.source is not None and edit.cut is not None:
         key = (edit.site, edit.source, edit.heads)
         if key not in products:
             t, src = _viewed(main[edit.site].detach(), edit.heads), _viewed(source[edit.source], edit.heads)
@@ -198,25 +197,25 @@ def estimate(
                 products[key] = (src.to(t.dtype) - t).double() * _viewed(grad[edit.site], edit.heads).double()
         product = products.get(key)
         if product is not None:
-            lead = _leading_ints(edit.index, product.dim())
+            lead = _leading_ints(edit.cut, product.dim())
             if lead is not None:
                 summed = products.get((key, len(lead)))
                 if summed is None:
                     summed = products[(key, len(lead))] = product.flatten(len(lead) + 1).sum(-1)
                 pick: tuple[Any, ...] = (slice(None), *lead)
                 return summed[pick]
-            cut = product[edit.index]
+            cut = product[edit.cut]
             return cut.reshape(cut.shape[0], -1).sum(dim=1) if cut.dim() > 1 else cut
     t, g = _viewed(main[edit.site].detach(), edit.heads), _viewed(grad[edit.site], edit.heads)
-    part = t if edit.index is None else t[edit.index]
-    g_part = g if edit.index is None else g[edit.index]
+    part = t if edit.cut is None else t[edit.cut]
+    g_part = g if edit.cut is None else g[edit.cut]
     if edit.op in ("set", "patch"):
         if edit.source is None:
             delta = torch.as_tensor(edit.value, dtype=part.dtype) - part
         else:
-            delta = onto(_viewed(source[edit.source], edit.heads).to(part.dtype), t, part, edit.index, "from") - part
+            delta = onto(_viewed(source[edit.source], edit.heads).to(part.dtype), t, part, edit.cut, "from") - part
     elif edit.op == "add":
-        delta = (onto(_viewed(source[edit.source], edit.heads).to(part.dtype), t, part, edit.index, "from")
+        delta = (onto(_viewed(source[edit.source], edit.heads).to(part.dtype), t, part, edit.cut, "from")
                  if edit.source is not None
                  else torch.full_like(part, float(edit.value or 0.0)))  # fmt: skip
     elif edit.op == "mul":

@@ -16,7 +16,7 @@ plain text/number in some cell has that cell compiled on its own: the same edits
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -25,7 +25,7 @@ from surgery.core.compiler import Plan, Shared, compile_plan
 from surgery.errors import ConfigError, SurgeryError
 from surgery.expr.parsing import compile_index
 from surgery.study.attribution import Edit, Key, Site, edits_of, sites_of
-from surgery.study.grid import fill, placeholders
+from surgery.study.grid import fill, filler, placeholders
 
 FREE = ("index", "value")  # an action's fields a cell may change without a plan of its own
 
@@ -87,21 +87,22 @@ def derive(model: nn.Module, spec: dict[str, Any], cells: list[dict[str, Any]], 
         key, where = tuple(cell[a] for a in axes), f"study cell {cell_text(cell)}"
         first = groups.get(key)
         if first is not None:
-            derived = _derived(first, spec, free, cell, where)
+            derived = _derived(first, free, cell, where)
             if derived is not None:
                 edits.append(derived)
                 continue
         known[i] = compiled(model, spec, cell, options, shared)
         edits.append(edits_of(known[i], where))
-        if first is None and _free_kept(known[i], spec, free, cell):
+        if first is None and _free_kept(known[i], free, cell):
             groups[key] = edits[-1]
     sites = sites_of(list(known.values()))
     return Derived(sites, edits, CellPlans(model, spec, cells, options, shared, known))
 
 
-def _free_fields(spec: dict[str, Any]) -> tuple[dict[str, list[str]], list[str]]:
-    """Per action, its FREE fields holding placeholders; and the variables anything else names (the groups')."""
-    free: dict[str, list[str]] = {}
+def _free_fields(spec: dict[str, Any]) -> tuple[dict[str, dict[str, Callable[[dict[str, Any]], Any]]], list[str]]:
+    """Per action, its FREE fields holding placeholders (each with its filler); and the variables anything else
+    names (the groups')."""
+    free: dict[str, dict[str, Callable[[dict[str, Any]], Any]]] = {}
     axes: dict[str, None] = {}
     for name, node in spec.items():
         if not isinstance(node, Mapping):
@@ -110,13 +111,15 @@ def _free_fields(spec: dict[str, Any]) -> tuple[dict[str, list[str]], list[str]]
         for field, value in node.items():
             used = placeholders(value)
             if field in FREE and isinstance(value, str) and used:
-                free.setdefault(str(name), []).append(str(field))
+                free.setdefault(str(name), {})[str(field)] = filler(value)
             else:
                 axes.update(dict.fromkeys(used))
     return free, list(axes)
 
 
-def _free_kept(plan: Plan, spec: dict[str, Any], free: dict[str, list[str]], cell: dict[str, Any]) -> bool:
+def _free_kept(
+    plan: Plan, free: dict[str, dict[str, Callable[[dict[str, Any]], Any]]], cell: dict[str, Any]
+) -> bool:  # fmt: skip
     """Whether the plan's actions hold each free field as the cell gave it (no site rewrote it), so others may too."""
     specs = plan.specs or {}
     steps = {s.name: s for s in plan.steps}
@@ -125,8 +128,8 @@ def _free_kept(plan: Plan, spec: dict[str, Any], free: dict[str, list[str]], cel
         step = steps.get(name)
         if not isinstance(node, Mapping) or step is None or not step.enabled:
             return False
-        for field in fields:
-            given = fill(spec[name][field], cell)
+        for field, fills in fields.items():
+            given = fills(cell)
             if node.get(field) != given or not _plain(field, given):
                 return False
     return True
@@ -140,7 +143,7 @@ def _plain(field: str, value: Any) -> bool:
 
 
 def _derived(
-    first: list[Edit], spec: dict[str, Any], free: dict[str, list[str]], cell: dict[str, Any], where: str
+    first: list[Edit], free: dict[str, dict[str, Callable[[dict[str, Any]], Any]]], cell: dict[str, Any], where: str
 ) -> list[Edit] | None:  # fmt: skip
     """The group's first cell's edits with this cell's index and value; None: compile the cell on its own.
 
@@ -149,18 +152,18 @@ def _derived(
     """
     changes: dict[str, dict[str, Any]] = {}
     for name, fields in free.items():
-        given = {field: fill(spec[name][field], cell) for field in fields}
+        given = {field: fills(cell) for field, fills in fields.items()}
         if not all(_plain(f, v) for f, v in given.items()):
             return None
         if "value" in given:
             given["value"] = float(given["value"])
         if "index" in given:
-            text = given["index_text"] = given["index"]
+            text = given["index_text"] = given.pop("index")
             try:
-                given["index"] = index = compile_index(text, "index")
+                given["cut"] = cut = compile_index(text, "index")
             except ConfigError:
                 return None  # compiled on its own: its message names the cell and the key
-            if index and index[0] != slice(None) and index[0] is not Ellipsis:
+            if cut and cut[0] != slice(None) and cut[0] is not Ellipsis:
                 return None
         changes[name] = given
-    return [dataclasses.replace(e, where=f"{where}: actions.{e.action}", **changes.get(e.action, {})) for e in first]
+    return [e._replace(where=f"{where}: actions.{e.action}", **changes.get(e.action, {})) for e in first]

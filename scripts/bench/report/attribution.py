@@ -58,6 +58,18 @@ def attribution_section(data: dict[str, Any] | None) -> tuple[list[str], list[li
             " of its source pass and every cell's plan).",
             "",
         ]
+    if "plan_share" in data:
+        other = 1 - data["forward_share"] - data["plan_share"]
+        md += [
+            f"Where the study's time goes (each part timed alone in the same rounds): the forwards"
+            f" {data['forward_share']:.0%}; planning the 39 cells {data['plan_share']:.0%}"
+            f" ({t['planning the cells'] * 1e3:.1f} ms: one `compile_plan` per layer, the other cells' edits derived"
+            " from their layer's plan with their own index, no probe forward: shapes are checked on the"
+            f" attribution's own pass); the rest {max(other, 0):.0%} (the hooks keeping each site's activation and"
+            " gradient, the per-cell products cut from one product per site, the metric on three runs, the"
+            " result's tensors).",
+            "",
+        ]
     if data.get("note"):
         md += [data["note"], ""]
     ok = data["verdict"] == "met"
