@@ -189,23 +189,14 @@ def estimate(
     index of leading integers (``[:, 3]``, ``[:, 3, 0]``) it also keeps the product summed over the other
     dims, so that each such cell is one lookup.
     """
-    if products is not None and edit.op in ("set", "patch") and edit.source is not None and edit.cut is not None:
-        key = (edit.site, edit.source, edit.heads)
-        if key not in products:
-            t, src = _viewed(main[edit.site].detach(), edit.heads), _viewed(source[edit.source], edit.heads)
-            if src.shape == t.shape:
-                products[key] = (src.to(t.dtype) - t).double() * _viewed(grad[edit.site], edit.heads).double()
-        product = products.get(key)
-        if product is not None:
-            lead = _leading_ints(edit.cut, product.dim())
-            if lead is not None:
-                summed = products.get((key, len(lead)))
-                if summed is None:
-                    summed = products[(key, len(lead))] = product.flatten(len(lead) + 1).sum(-1)
-                pick: tuple[Any, ...] = (slice(None), *lead)
-                return summed[pick]
-            cut = product[edit.cut]
-            return cut.reshape(cut.shape[0], -1).sum(dim=1) if cut.dim() > 1 else cut
+    product = _product(edit, main, grad, source, products) if products is not None else None
+    if product is not None:
+        lead = _leading_ints(edit.cut, product.dim())  # type: ignore[arg-type]
+        if lead is not None:
+            pick: tuple[Any, ...] = (slice(None), *lead)
+            return _summed(products, edit, product, len(lead))[pick]  # type: ignore[arg-type]
+        cut = product[edit.cut]
+        return cut.reshape(cut.shape[0], -1).sum(dim=1) if cut.dim() > 1 else cut
     t, g = _viewed(main[edit.site].detach(), edit.heads), _viewed(grad[edit.site], edit.heads)
     part = t if edit.cut is None else t[edit.cut]
     g_part = g if edit.cut is None else g[edit.cut]
@@ -224,6 +215,31 @@ def estimate(
         delta = -part
     product = (delta.double() * g_part.double()).expand(part.shape)
     return product.reshape(part.shape[0], -1).sum(dim=1) if product.dim() > 1 else product
+
+
+def _product(
+    edit: Edit, main: dict[Key, torch.Tensor], grad: dict[Key, torch.Tensor], source: dict[Key, torch.Tensor],
+    products: dict[Any, torch.Tensor],
+) -> torch.Tensor | None:  # fmt: skip
+    """``(source - main) · gradient`` over the edit's whole site (kept in ``products``), for an indexed patch from
+    a source of the site's shape; None for any other edit."""
+    if edit.op not in ("set", "patch") or edit.source is None or edit.cut is None:
+        return None
+    key = (edit.site, edit.source, edit.heads)
+    if key not in products:
+        t, src = _viewed(main[edit.site].detach(), edit.heads), _viewed(source[edit.source], edit.heads)
+        if src.shape != t.shape:
+            return None
+        products[key] = (src.to(t.dtype) - t).double() * _viewed(grad[edit.site], edit.heads).double()
+    return products[key]
+
+
+def _summed(products: dict[Any, torch.Tensor], edit: Edit, product: torch.Tensor, lead: int) -> torch.Tensor:
+    """The site's product summed over every dim after the first ``1 + lead`` (kept in ``products``)."""
+    key = (edit.site, edit.source, edit.heads, lead)
+    if key not in products:
+        products[key] = product.flatten(lead + 1).sum(-1)
+    return products[key]
 
 
 def _leading_ints(index: tuple[Any, ...], dims: int) -> tuple[int, ...] | None:
@@ -270,8 +286,39 @@ def attribute_batch(
             raise ConfigError("study.method: integrated_gradients interpolates towards the source run; give a source")
         for key in {e.site for cell in edits for e in cell}:
             grad[key] = _integrated(model, sites, key, run, score, main[key].detach(), source[key], steps)
+    return _estimates(edits, main, grad, source)
+
+
+def _estimates(
+    edits: list[list[Edit]], main: dict[Key, torch.Tensor], grad: dict[Key, torch.Tensor],
+    source: dict[Key, torch.Tensor],
+) -> torch.Tensor:  # fmt: skip
+    """Every cell's estimate, ``[cells, examples]``: the cells that read one summed product at leading integers
+    (a layer × position grid) in one gather per product, the others one by one."""
     products: dict[Any, torch.Tensor] = {}
-    return torch.stack([_cell_estimate(cell, main, grad, source, products) for cell in edits])
+    found: list[torch.Tensor | None] = [None] * len(edits)
+    gathers: dict[int, tuple[torch.Tensor, list[int], list[tuple[int, ...]]]] = {}
+    for c, cell in enumerate(edits):
+        product = _product(cell[0], main, grad, source, products) if len(cell) == 1 else None
+        lead = _leading_ints(cell[0].cut, product.dim()) if product is not None else None  # type: ignore[arg-type]
+        if product is None or lead is None or not _inside(lead, product.shape[1:]):
+            found[c] = _cell_estimate(cell, main, grad, source, products)  # names the cell when it does not fit
+            continue
+        summed = _summed(products, cell[0], product, len(lead))
+        entry = gathers.setdefault(id(summed), (summed, [], []))
+        entry[1].append(c)
+        entry[2].append(lead)
+    for summed, cells, leads in gathers.values():
+        at = torch.tensor(leads, device=summed.device).T  # one row of indices per leading dim
+        pick: tuple[Any, ...] = (slice(None), *at)
+        for c, column in zip(cells, summed[pick].T, strict=True):
+            found[c] = column
+    return torch.stack(found)  # type: ignore[arg-type]
+
+
+def _inside(lead: tuple[int, ...], shape: torch.Size) -> bool:
+    """Whether integers ``lead`` index dims ``shape`` (negative from the end), checked on the host."""
+    return all(-size <= i < size for i, size in zip(lead, shape, strict=False))
 
 
 def _cell_estimate(
