@@ -609,6 +609,80 @@ def test_a_study_over_sites_equals_the_same_study_written_with_names(zoo: dict[s
     assert a.values["logit_diff"].shape == (2, 4, 2)
 
 
+DECODERS = ("gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral")
+
+
+def hand_atp(model: nn.Module, name: str, clean: torch.Tensor, corrupt: torch.Tensor, heads: bool) -> torch.Tensor:
+    """AtP written with plain pre-hooks on each block (or on each attention output projection, per head):
+    ``[layers, positions or heads, examples]`` of logit[3] - logit[4] at the last position."""
+    path = BY_HAND[name]["heads" if heads else "blocks"]
+    assert path is not None
+    modules = [model.get_submodule(path.format(i)) for i in range(2)]
+
+    def picked(a: tuple, k: dict) -> torch.Tensor:
+        return a[0] if a else k["hidden_states"]
+
+    kept: dict[int, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, k, i=i: kept.__setitem__(i, picked(a, k)), with_kwargs=True)
+             for i, m in enumerate(modules)]  # fmt: skip
+    with torch.no_grad():
+        model(input_ids=clean)
+    clean_in = dict(kept)
+    kept.clear()
+
+    def keep(i: int, x: torch.Tensor) -> None:
+        x.retain_grad()
+        kept[i] = x
+
+    for h in hooks:
+        h.remove()
+    hooks = [m.register_forward_pre_hook(lambda m, a, k, i=i: keep(i, picked(a, k)), with_kwargs=True)
+             for i, m in enumerate(modules)]  # fmt: skip
+    z = model(input_ids=corrupt).logits[:, -1].double()
+    base = z[:, 3] - z[:, 4]
+    base.sum().backward()
+    for h in hooks:
+        h.remove()
+    model.zero_grad(set_to_none=True)
+    out = []
+    for i in range(2):
+        product = (clean_in[i] - kept[i].detach()).double() * kept[i].grad.double()  # [examples, positions, width]
+        if heads:
+            per = product.unflatten(-1, (HEADS, -1)).sum(dim=(1, 3))  # [examples, heads]
+        else:
+            per = product.sum(-1)  # [examples, positions]
+        out.append(base.detach()[:, None] + per)
+    return torch.stack(out).transpose(1, 2)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_attribution_over_sites_equals_atp_by_hand_on_every_decoder_family(zoo: dict[str, Path], name: str) -> None:
+    """Per-site (@resid_pre, layer × position) and per-head (@heads, layer × head) attribution patching."""
+    model = loaded(zoo, name)
+    clean = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
+    corrupt = torch.tensor([[5, 6, 7, 8, 10], [9, 8, 7, 6, 11]])
+    metrics = [{"logit_diff": {"correct": 3, "wrong": 4}}]
+    resid = {
+        "cap": {"kind": "capture", "select": "@resid_pre.{layer}"},
+        "patch": {"kind": "modify_input", "select": "@resid_pre.{layer}", "op": "set", "index": "[:, {pos}]",
+                  "from": {"capture": "cap"}},
+    }  # fmt: skip
+    heads = {
+        "cap": {"kind": "capture", "select": "@heads.{layer}"},
+        "patch": {"kind": "modify_output", "select": "@heads.{layer}", "head": "{h}", "op": "set",
+                  "from": {"capture": "cap"}},
+    }  # fmt: skip
+    by_position = surgery.study(model, resid, {"layer": "0:2", "pos": "all"}, corrupt, metrics, source=clean,
+                                method="attribution")  # fmt: skip
+    by_head = surgery.study(model, heads, {"layer": "0:2", "h": "0:4"}, corrupt, metrics, source=clean,
+                            method="attribution")  # fmt: skip
+    want = hand_atp(model, name, clean, corrupt, heads=False)
+    torch.testing.assert_close(by_position.values["logit_diff"], want, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(by_head.values["logit_diff"], hand_atp(model, name, clean, corrupt, True),
+                               rtol=1e-7, atol=1e-9)  # fmt: skip
+    assert (want - want[:, :1]).abs().sum() > 0  # the positions differ: the grid is not one number repeated
+
+
 def test_safe_mode_admits_the_lens_and_sites(zoo: dict[str, Path]) -> None:
     model = loaded(zoo, "gpt2")
     plan = surgery.plan(model, "logit_lens", safe=True)
