@@ -569,16 +569,24 @@ def test_cli_a_site_the_model_lacks_exits_2_with_one_line(zoo: dict[str, Path], 
 # ---------------------------------------------------------------- studies: @SITE.{var}
 
 
+CLEAN = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
+CORRUPT = torch.tensor([[5, 6, 7, 8, 10], [9, 8, 7, 6, 11]])
+STUDY_METRICS = [{"logit_diff": {"correct": 3, "wrong": 4}}]
+RESID_BY_SITE = {
+    "cap": {"kind": "capture", "select": "@resid_pre.{layer}"},
+    "patch": {"kind": "modify_input", "select": "@resid_pre.{layer}", "op": "set", "index": "[:, {pos}]",
+              "from": {"capture": "cap"}},
+}  # fmt: skip
+HEADS_BY_SITE = {
+    "cap": {"kind": "capture", "select": "@heads.{layer}"},
+    "patch": {"kind": "modify_output", "select": "@heads.{layer}", "head": "{h}", "op": "set",
+              "from": {"capture": "cap"}},
+}  # fmt: skip
+
+
 def test_a_study_over_sites_equals_the_same_study_written_with_names(zoo: dict[str, Path]) -> None:
     model = loaded(zoo, "llama")
-    clean = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
-    corrupt = torch.tensor([[5, 6, 7, 8, 10], [9, 8, 7, 6, 11]])
-    metrics = [{"logit_diff": {"correct": 3, "wrong": 4}}]
-    by_site = {
-        "cap": {"kind": "capture", "select": "@resid_pre.{layer}"},
-        "patch": {"kind": "modify_input", "select": "@resid_pre.{layer}", "op": "set", "index": "[:, {pos}]",
-                  "from": {"capture": "cap"}},
-    }  # fmt: skip
+    clean, corrupt, metrics, by_site = CLEAN, CORRUPT, STUDY_METRICS, RESID_BY_SITE
     by_name = {
         "cap": {"kind": "capture", "select": "model.layers.{layer}", "what": ["input"], "item": "hidden_states"},
         "patch": {"kind": "modify_input", "select": "model.layers.{layer}", "op": "set", "index": "[:, {pos}]",
@@ -591,11 +599,7 @@ def test_a_study_over_sites_equals_the_same_study_written_with_names(zoo: dict[s
         assert torch.equal(a.values["logit_diff"], b.values["logit_diff"])
     assert a.values["logit_diff"].abs().sum() > 0
 
-    heads_by_site = {
-        "cap": {"kind": "capture", "select": "@heads.{layer}"},
-        "patch": {"kind": "modify_output", "select": "@heads.{layer}", "head": "{h}", "op": "set",
-                  "from": {"capture": "cap"}},
-    }  # fmt: skip
+    heads_by_site = HEADS_BY_SITE
     o_proj = "model.layers.{layer}.self_attn.o_proj"
     heads_by_name = {
         "cap": {"kind": "capture", "select": o_proj, "what": ["input"], "item": 0, "heads": 4},
@@ -659,19 +663,7 @@ def hand_atp(model: nn.Module, name: str, clean: torch.Tensor, corrupt: torch.Te
 def test_attribution_over_sites_equals_atp_by_hand_on_every_decoder_family(zoo: dict[str, Path], name: str) -> None:
     """Per-site (@resid_pre, layer × position) and per-head (@heads, layer × head) attribution patching."""
     model = loaded(zoo, name)
-    clean = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
-    corrupt = torch.tensor([[5, 6, 7, 8, 10], [9, 8, 7, 6, 11]])
-    metrics = [{"logit_diff": {"correct": 3, "wrong": 4}}]
-    resid = {
-        "cap": {"kind": "capture", "select": "@resid_pre.{layer}"},
-        "patch": {"kind": "modify_input", "select": "@resid_pre.{layer}", "op": "set", "index": "[:, {pos}]",
-                  "from": {"capture": "cap"}},
-    }  # fmt: skip
-    heads = {
-        "cap": {"kind": "capture", "select": "@heads.{layer}"},
-        "patch": {"kind": "modify_output", "select": "@heads.{layer}", "head": "{h}", "op": "set",
-                  "from": {"capture": "cap"}},
-    }  # fmt: skip
+    clean, corrupt, metrics, resid, heads = CLEAN, CORRUPT, STUDY_METRICS, RESID_BY_SITE, HEADS_BY_SITE
     by_position = surgery.study(model, resid, {"layer": "0:2", "pos": "all"}, corrupt, metrics, source=clean,
                                 method="attribution")  # fmt: skip
     by_head = surgery.study(model, heads, {"layer": "0:2", "h": "0:4"}, corrupt, metrics, source=clean,
