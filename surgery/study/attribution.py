@@ -191,7 +191,7 @@ def estimate(
     """
     product = _product(edit, main, grad, source, products) if products is not None else None
     if product is not None:
-        lead = _leading_ints(edit.cut, product.dim())  # type: ignore[arg-type]
+        lead = _leading_ints(edit.cut, product.shape)  # type: ignore[arg-type]
         if lead is not None:
             pick: tuple[Any, ...] = (slice(None), *lead)
             return _summed(products, edit, product, len(lead))[pick]  # type: ignore[arg-type]
@@ -242,15 +242,17 @@ def _summed(products: dict[Any, torch.Tensor], edit: Edit, product: torch.Tensor
     return products[key]
 
 
-def _leading_ints(index: tuple[Any, ...], dims: int) -> tuple[int, ...] | None:
-    """The integers of an index ``(:, i, j)`` that keeps every example and picks leading positions (they fit
-    ``dims``); None for any other index (slices, ``...``), which is cut the general way."""
-    if len(index) < 2 or len(index) >= dims or index[0] != slice(None):
+def _leading_ints(index: tuple[Any, ...], shape: torch.Size) -> tuple[int, ...] | None:
+    """The integers of an index ``(:, i, j)`` that keeps every example and picks leading positions inside
+    ``shape`` (negative from the end); None for any other index (slices, ``...``, out of range), cut the
+    general way (which names the cell when it does not fit)."""
+    if len(index) < 2 or len(index) >= len(shape) or index[0] != slice(None):
         return None
     lead = index[1:]
-    if not all(type(i) is int for i in lead):
-        return None
-    return lead  # type: ignore[return-value]
+    for i, size in zip(lead, shape[1:], strict=False):
+        if type(i) is not int or not -size <= i < size:
+            return None
+    return lead
 
 
 def _viewed(tensor: torch.Tensor, heads: int | None) -> torch.Tensor:
@@ -300,12 +302,14 @@ def _estimates(
     gathers: dict[int, tuple[torch.Tensor, list[int], list[tuple[int, ...]]]] = {}
     for c, cell in enumerate(edits):
         product = _product(cell[0], main, grad, source, products) if len(cell) == 1 else None
-        lead = _leading_ints(cell[0].cut, product.dim()) if product is not None else None  # type: ignore[arg-type]
-        if product is None or lead is None or not _inside(lead, product.shape[1:]):
+        lead = _leading_ints(cell[0].cut, product.shape) if product is not None else None  # type: ignore[arg-type]
+        if lead is None:
             found[c] = _cell_estimate(cell, main, grad, source, products)  # names the cell when it does not fit
             continue
-        summed = _summed(products, cell[0], product, len(lead))
-        entry = gathers.setdefault(id(summed), (summed, [], []))
+        summed = _summed(products, cell[0], product, len(lead))  # type: ignore[arg-type]
+        entry = gathers.get(id(summed))
+        if entry is None:
+            entry = gathers[id(summed)] = (summed, [], [])
         entry[1].append(c)
         entry[2].append(lead)
     for summed, cells, leads in gathers.values():
@@ -314,11 +318,6 @@ def _estimates(
         for c, column in zip(cells, summed[pick].T, strict=True):
             found[c] = column
     return torch.stack(found)  # type: ignore[arg-type]
-
-
-def _inside(lead: tuple[int, ...], shape: torch.Size) -> bool:
-    """Whether integers ``lead`` index dims ``shape`` (negative from the end), checked on the host."""
-    return all(-size <= i < size for i, size in zip(lead, shape, strict=False))
 
 
 def _cell_estimate(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ class Run:
     base: dict[str, torch.Tensor] = field(default_factory=dict)
     src_base: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def groups(self) -> list[list[int]]:
         """The cells of each forward, in order."""
         n = len(self.plans)

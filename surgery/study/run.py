@@ -161,7 +161,7 @@ def run_study(
         )
     progress = progress or Progress.fresh([m.name for m in bound], len(run.plans), n)
     rank, world = ranks or (0, 1)
-    for number, group in enumerate(run.groups):
+    for number, group in enumerate(run.groups if world > 1 else []):
         if number % world != rank:  # another rank's cells: scored there, gathered below
             progress.done[group] = True
     run.score(progress)
