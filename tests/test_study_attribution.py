@@ -149,3 +149,20 @@ def test_an_index_that_does_not_fit_is_refused_naming_the_cell(tiny_lm) -> None:
     message = r"^study cell \{layer: 0, pos: 9\}: actions.patch.index: \[:, 9\] does not fit the input, shape \[3, 5, "
     with pytest.raises(ConfigError, match=message):
         surgery.study(model, PATCH, grid, corrupt, METRICS[:1], source=clean, method="attribution")
+
+
+def test_an_estimate_without_gradients_is_refused_before_running(tiny_lm) -> None:
+    model, clean, corrupt = tiny_lm
+    with (
+        torch.inference_mode(),
+        pytest.raises(
+            ConfigError,
+            match=r"^study.method: attribution takes a backward"
+            r" pass, and this study runs inside torch.inference",
+        ),
+    ):
+        surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, method="attribution")
+    with torch.no_grad():  # no_grad is lifted for the backward pass: the same estimates
+        inside = surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, method="attribution")
+    outside = surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, method="attribution")
+    assert torch.equal(inside.values["logit_diff"], outside.values["logit_diff"])

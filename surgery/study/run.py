@@ -51,6 +51,17 @@ def check_method(method: str, steps: int | None, verify_top: int | None) -> None
             raise ConfigError(f"study.verify_top: a number of cells (1 or more); got {verify_top!r}")
 
 
+def check_gradients(model: nn.Module, method: str) -> None:
+    """An estimate takes a backward pass: refused inside ``torch.inference_mode`` or on inference-mode weights."""
+    if torch.is_inference_mode_enabled():
+        raise ConfigError(f"study.method: {method} takes a backward pass, and this study runs inside"
+                          " torch.inference_mode(); run it outside inference mode, or use method: patch")  # fmt: skip
+    if any(p.is_inference() for p in model.parameters()):
+        raise ConfigError(f"study.method: {method} takes a backward pass, and the model's weights were made under"
+                          " torch.inference_mode() (inference tensors take no part in one); load the model outside"
+                          " inference mode, or use method: patch")  # fmt: skip
+
+
 def plan_cells(
     model: nn.Module,
     actions: dict[str, Any],
@@ -146,6 +157,7 @@ def run_study(
         if flat:
             raise ConfigError(f"study.metrics: {flat[0]} has no gradient, so {method} cannot estimate it; use"
                               " logit_diff, prob, logit, loss or kl, or method: patch")  # fmt: skip
+        check_gradients(model, method)
         derived = derive(model, spec, grid_cells, seed, strict, safe)  # one plan per selection, not per cell
         run = Run(
             model,
