@@ -271,6 +271,64 @@ def test_reduce_refuses_a_call_of_another_shape(reduce: str) -> None:
             model(data(cols=5))
 
 
+def chan_call_by_call(calls: list[torch.Tensor]) -> dict[str, Any]:
+    """Each call folded in as it comes (Chan et al.), in plain torch: what ``Running`` gave before it waited."""
+    count, mean, m2, low, high = 0, None, None, None, None
+    for call in calls:
+        x = call.detach().double()
+        x = x.unsqueeze(0) if x.dim() == 0 else x
+        n, m = x.shape[0], x.mean(0)
+        d = x - m
+        s2, (lo, hi) = d.mul_(d).sum(0), torch.aminmax(x, dim=0)
+        if mean is None:
+            count, mean, m2, low, high = n, m, s2, lo, hi
+            continue
+        total, delta = count + n, m - mean
+        mean, m2 = mean + delta * (n / total), m2 + s2 + delta**2 * (count * n / total)
+        low, high, count = torch.minimum(low, lo), torch.maximum(high, hi), total
+    return {"count": count, "mean": mean, "m2": m2, "min": low, "max": high}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits, NaN payloads and the sign of zero included."""
+    return t.contiguous().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+@pytest.mark.parametrize("pending", [0, 1 << 10, 4 << 20])  # fold at every call, every few calls, when read
+def test_stats_folded_late_or_several_at_once_have_the_bits_of_each_call_folded(pending: int, monkeypatch: Any) -> None:
+    from surgery.core.records import Running
+
+    monkeypatch.setattr(Running, "PENDING_BYTES", pending)
+    g = torch.Generator().manual_seed(3)
+    kinds = (((32, 64), torch.float32), ((4, 2, 5), torch.float16), ((), torch.float64), ((7,), torch.bfloat16))
+    for shape, dtype in kinds:
+        calls = [(torch.randn((8, *shape), generator=g) * 10**i).to(dtype) for i in range(-3, 3)]
+        calls += [calls[0][:3], calls[1]]  # a smaller batch between two full ones
+        calls[2].view(-1)[:2] = torch.tensor([0.0, float("nan")]).to(dtype)
+        calls[3].view(-1)[:1] = -0.0
+        running, seen = Running(stats=True), []
+        for i, call in enumerate(calls):
+            running.add(call)
+            seen.append(call)
+            if i in (2, len(calls) - 1):  # read in the middle too: what is folded then goes on from there
+                want, (mean, m2), summary = chan_call_by_call(seen), running.moments(), running.summary()
+                assert running.count == want["count"]
+                assert torch.equal(bits(mean), bits(want["mean"])) and torch.equal(bits(m2), bits(want["m2"]))
+                assert torch.equal(bits(summary["min"]), bits(want["min"].float()))
+                assert torch.equal(bits(summary["max"]), bits(want["max"].float()))
+
+
+def test_a_call_folded_late_keeps_what_it_was_when_the_model_wrote_it_afterwards() -> None:
+    from surgery.core.records import Running
+
+    running, x = Running(stats=True), data(rows=2, cols=3).double()
+    running.add(x)
+    kept = x.clone()
+    x.mul_(100)  # e.g. a ReLU(inplace=True) after the module: the copy, not the model's tensor, waits to be folded
+    mean, _ = running.moments()
+    assert torch.equal(mean, kept.mean(0))
+
+
 def test_training_statistics_of_a_mean_capture_pool_every_row_and_element() -> None:
     model = nn.Sequential(nn.Identity())
     xs = [0.01 * data(seed=s) + 0.5 for s in (1, 2)]  # small spread: each element's M2 is well below 1

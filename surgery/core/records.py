@@ -53,83 +53,136 @@ def version_of(tensor: torch.Tensor) -> int | None:
         return None
 
 
+STACK_NUMEL = 1 << 14  # calls this small are folded several at a time (the launches cost more than the arithmetic)
+
+
+def _runs(calls: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive calls of the same shape, in order."""
+    runs: list[list[torch.Tensor]] = []
+    for x in calls:
+        if runs and runs[-1][0].shape == x.shape:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return runs
+
+
 class Running:
     """Elementwise mean (and with ``stats`` std/min/max) over calls and the batch dim, without keeping the tensors.
 
     ``mean`` keeps float64 sums of x and x² (two reductions a call: what a hand-written mean costs, and
     enough for ``moments``); ``stats`` merges batches with Chan et al.'s pairwise update, in float64.
-    Safe when the model runs in several threads: each call's statistics are computed outside the lock,
-    only the merge holds it.
+    A call only keeps its float64 copy; the copies are folded in, oldest first and to the bits that folding each
+    call as it came gives, when the statistics are read or the copies pass ``PENDING_BYTES``: folded inside the
+    forward pass, each call paid a dozen kernel launches with the framework's code in between.
+    Safe when the model runs in several threads: calls are appended and folded under a lock.
     """
+
+    PENDING_BYTES = 4 << 20  # at most this much of float64 copies waits to be folded (plus the last call)
 
     def __init__(self, stats: bool = True) -> None:
         self._lock = threading.Lock()
         self.stats = stats
-        self.count = 0
-        self.sum: torch.Tensor | None = None  # mean only: the float64 sums over every row so far
-        self.sumsq: torch.Tensor | None = None
-        self.mean: torch.Tensor | None = None
-        self.m2: torch.Tensor | None = None
-        self.min: torch.Tensor | None = None
-        self.max: torch.Tensor | None = None
+        self._count = 0
+        self._shape: torch.Size | None = None  # every call's shape but the batch dim
+        self._pending: list[torch.Tensor] = []  # float64 copies not folded in yet, oldest first
+        self._pending_bytes = 0
+        self._sum: torch.Tensor | None = None  # mean only: the float64 sums over every row so far
+        self._sumsq: torch.Tensor | None = None
+        self._mean: torch.Tensor | None = None
+        self._m2: torch.Tensor | None = None
+        self._min: torch.Tensor | None = None
+        self._max: torch.Tensor | None = None
 
     def add(self, tensor: torch.Tensor) -> None:
-        """Fold in one call's tensor; dim 0 is the batch."""
-        x = tensor.detach().double()
+        """Take in one call's tensor (a float64 copy); dim 0 is the batch."""
+        x = tensor.detach().to(torch.float64, copy=True)  # a copy even of float64: the model may write it in place
         x = x.unsqueeze(0) if x.dim() == 0 else x
-        if not self.stats:  # a sum per call: the deviations, min and max would be thrown away
-            total, squares = x.sum(0), (x * x).sum(0)
-            with self._lock:
-                self._check_shape(self.sum, total)
-                if self.sum is None or self.sumsq is None:
-                    self.sum, self.sumsq = total, squares
-                else:
-                    self.sum, self.sumsq = self.sum + total, self.sumsq + squares
-                self.count += x.shape[0]
-            return
-        n, mean = x.shape[0], x.mean(0)
-        deviations = x - mean
-        m2 = deviations.mul_(deviations).sum(0)  # the values of ((x - mean) ** 2).sum(0), one tensor fewer
-        low, high = torch.aminmax(x, dim=0)  # amin and amax in one pass
-        with self._lock:  # read-modify-write of five fields: two threads merging at once would lose one's update
-            self._merge(n, mean, m2, low, high)
+        with self._lock:
+            if self._shape is None:
+                self._shape = x.shape[1:]
+            elif x.shape[1:] != self._shape:
+                raise SurgeryError(
+                    f"reduce needs the same shape on every call: {list(self._shape)} then {list(x.shape[1:])}"
+                )
+            self._pending.append(x)
+            self._pending_bytes += x.numel() * 8
+            if self._pending_bytes > self.PENDING_BYTES or not x.numel():  # an empty call fails where it ran, as before
+                self._fold()
 
-    @staticmethod
-    def _check_shape(seen: torch.Tensor | None, new: torch.Tensor) -> None:
-        if seen is not None and new.shape != seen.shape:
-            raise SurgeryError(f"reduce needs the same shape on every call: {list(seen.shape)} then {list(new.shape)}")
+    def _fold(self) -> None:
+        """Fold the waiting copies in, oldest first, as ``add`` once folded each call (the caller holds the lock)."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if not self.stats:  # a sum per call: the deviations, min and max would be thrown away
+            for x in pending:
+                total, squares = x.sum(0), (x * x).sum(0)
+                if self._sum is None or self._sumsq is None:
+                    self._sum, self._sumsq = total, squares
+                else:
+                    self._sum, self._sumsq = self._sum + total, self._sumsq + squares
+                self._count += x.shape[0]
+            return
+        for run in _runs(pending):
+            if len(run) > 1 and run[0].device.type == "cpu" and run[0].numel() <= STACK_NUMEL:
+                # small calls of one shape: each call's statistics in five operations for all of them, not five
+                # each; a CPU reduction over dim 1 of the stack gives each slice the bits of dim 0 of the call
+                stacked = torch.stack(run)
+                means = stacked.mean(1)
+                deviations = stacked - means.unsqueeze(1)
+                m2s = deviations.mul_(deviations).sum(1)
+                lows, highs = torch.aminmax(stacked, dim=1)
+                for k, x in enumerate(run):
+                    self._merge(x.shape[0], means[k], m2s[k], lows[k], highs[k])
+                continue
+            for x in run:
+                mean = x.mean(0)
+                deviations = x - mean
+                m2 = deviations.mul_(deviations).sum(0)  # the values of ((x - mean) ** 2).sum(0), one tensor fewer
+                low, high = torch.aminmax(x, dim=0)  # amin and amax in one pass
+                self._merge(x.shape[0], mean, m2, low, high)
 
     def _merge(self, n: int, mean: torch.Tensor, m2: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
-        if self.mean is None:
-            self.count, self.mean, self.m2, self.min, self.max = n, mean, m2, low, high
+        """Chan et al.'s update; each result goes into a tensor of this call (never into one read before)."""
+        if self._mean is None:
+            self._count, self._mean, self._m2, self._min, self._max = n, mean, m2, low, high
             return
-        self._check_shape(self.mean, mean)
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)  # type: ignore[operator]
-        self.min, self.max = torch.minimum(self.min, low), torch.maximum(self.max, high)  # type: ignore[arg-type]
-        self.count = total
+        total = self._count + n
+        delta = mean - self._mean
+        step = delta * (n / total)
+        self._mean = torch.add(self._mean, step, out=step)  # self.mean + delta * (n / total), operands in that order
+        spread = delta.pow_(2).mul_(self._count * n / total)
+        self._m2 = torch.add(self._m2, m2, out=m2).add_(spread)  # type: ignore[arg-type]  # (m2 + m2') + delta² c
+        self._min = torch.minimum(self._min, low, out=low)  # type: ignore[arg-type]
+        self._max = torch.maximum(self._max, high, out=high)  # type: ignore[arg-type]
+        self._count = total
+
+    @property
+    def count(self) -> int:
+        """Rows seen so far (every call's batch dim)."""
+        with self._lock:
+            return self._count + sum(x.shape[0] for x in self._pending)
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The float64 elementwise mean and sum of squared deviations (M2) over every row so far."""
         with self._lock:
+            self._fold()
             if self.stats:
-                assert self.mean is not None and self.m2 is not None
-                return self.mean, self.m2
-            assert self.sum is not None and self.sumsq is not None
-            mean = self.sum / self.count
-            return mean, (self.sumsq - self.sum * mean).clamp_min(0.0)
+                assert self._mean is not None and self._m2 is not None
+                return self._mean, self._m2
+            assert self._sum is not None and self._sumsq is not None
+            mean = self._sum / self._count
+            return mean, (self._sumsq - self._sum * mean).clamp_min(0.0)
 
     def summary(self) -> dict[str, torch.Tensor]:
         """``mean`` (and with ``stats`` also ``std``, ``min``, ``max``) as float32 tensors."""
         with self._lock:  # one consistent state, even while other threads still add
+            self._fold()
             if not self.stats:
-                assert self.sum is not None
-                return {"mean": (self.sum / self.count).float()}
-            assert self.mean is not None and self.m2 is not None
-            std = (self.m2 / max(self.count - 1, 1)).sqrt()
-            return {"mean": self.mean.float(), "std": std.float(), "min": self.min.float(), "max": self.max.float()}  # type: ignore[union-attr]
+                assert self._sum is not None
+                return {"mean": (self._sum / self._count).float()}
+            assert self._mean is not None and self._m2 is not None
+            std = (self._m2 / max(self._count - 1, 1)).sqrt()
+            return {"mean": self._mean.float(), "std": std.float(), "min": self._min.float(), "max": self._max.float()}  # type: ignore[union-attr]
 
 
 class Record:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import surgery
+from surgery.core.compiler import Shared, compile_plan
 from surgery.core.engine import Surgery
 from surgery.core.records import Record, Running
 from surgery.core.restore import ModelState
@@ -32,6 +33,10 @@ STAGES = ("fit", "validate", "test", "predict")
 MAIN = ("output", "grad")  # logged without their WHAT segment
 # module and tensor facts that training or the framework may change legitimately (mode, values, device, precision)
 _MOVABLE = ("training", "version", "storage", "device", "dtype")
+# validated action configs by (kind, key, plain config), kept across runs: a callback made for every fit (a sweep,
+# a notebook) validates its recipe once per process; selections are made again against each run's model
+_VALIDATED: dict[tuple[Any, ...], Any] = {}
+_VALIDATED_MAX = 1024
 
 
 def check_log_every(value: Any, owner: str) -> int:
@@ -64,7 +69,9 @@ class TrainingSurgery:
 
     def apply(self, model: nn.Module) -> Surgery:
         """Plan against ``model`` (a recipe that does not fit raises here, naming the action), then apply."""
-        plan = surgery.plan(model, self.actions)
+        if len(_VALIDATED) > _VALIDATED_MAX:
+            _VALIDATED.clear()
+        plan = compile_plan(model, self.actions, shared=Shared(configs=_VALIDATED))  # as surgery.plan(model, actions)
         had = {id(p) for p in model.parameters()}
         self._before = ModelState.of(model)
         self.surgery = surgery.apply(model, plan)
