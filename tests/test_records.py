@@ -5,6 +5,7 @@ Every expected value is what a hand-written PyTorch hook (or plain torch arithme
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -298,7 +299,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def test_stats_folded_late_or_several_at_once_have_the_bits_of_each_call_folded(pending: int, monkeypatch: Any) -> None:
     from surgery.core.records import Running
 
-    monkeypatch.setattr(Running, "PENDING_BYTES", pending)
+    monkeypatch.setattr(Running, "HELD_BYTES", pending)
     g = torch.Generator().manual_seed(3)
     kinds = (((32, 64), torch.float32), ((4, 2, 5), torch.float16), ((), torch.float64), ((7,), torch.bfloat16))
     for shape, dtype in kinds:
@@ -310,12 +311,14 @@ def test_stats_folded_late_or_several_at_once_have_the_bits_of_each_call_folded(
         for i, call in enumerate(calls):
             running.add(call)
             seen.append(call)
-            if i in (2, len(calls) - 1):  # read in the middle too: what is folded then goes on from there
-                want, (mean, m2), summary = chan_call_by_call(seen), running.moments(), running.summary()
+            if i in (2, 4, len(calls) - 1):  # read in the middle too (at 2 only the moments, as a training log does)
+                want, (mean, m2) = chan_call_by_call(seen), running.moments()
                 assert running.count == want["count"]
                 assert torch.equal(bits(mean), bits(want["mean"])) and torch.equal(bits(m2), bits(want["m2"]))
-                assert torch.equal(bits(summary["min"]), bits(want["min"].float()))
-                assert torch.equal(bits(summary["max"]), bits(want["max"].float()))
+                if i != 2:
+                    summary = running.summary()
+                    assert torch.equal(bits(summary["min"]), bits(want["min"].float()))
+                    assert torch.equal(bits(summary["max"]), bits(want["max"].float()))
 
 
 def test_a_call_folded_late_keeps_what_it_was_when_the_model_wrote_it_afterwards() -> None:
@@ -340,3 +343,65 @@ def test_training_statistics_of_a_mean_capture_pool_every_row_and_element() -> N
     assert got["mean"] == pytest.approx(every.mean().item(), rel=1e-12)
     assert got["std"] == pytest.approx(every.std(correction=0).item(), rel=1e-9)
     assert got["norm"] == pytest.approx(every.pow(2).sum(1).mean().sqrt().item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (8,), (8, 2, 3)])
+def test_training_statistics_of_a_stats_capture_have_the_bits_of_the_formula_in_torch(shape: tuple[int, ...]) -> None:
+    model = nn.Sequential(nn.Identity())
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(shape, generator=g) * 3 + i for i in range(4)]
+    with torch.no_grad(), surgery.apply(model, {"c": {"kind": "capture", "select": "0", "reduce": "stats"}}) as s:
+        for x in xs:
+            model(x)
+        got = record_statistics(s.captures["c"]["0"])["output"]
+    want = chan_call_by_call(xs)
+    mean, m2, rows = want["mean"], want["m2"], want["count"]
+    overall = mean.mean()
+    total_m2 = m2.sum() + rows * ((mean - overall) ** 2).sum()
+    square_norm = (m2 / rows + mean**2).sum()
+    assert got == {
+        "mean": overall.item(),
+        "std": math.sqrt(max(total_m2.item(), 0.0) / (rows * mean.numel())),
+        "norm": math.sqrt(max(square_norm.item(), 0.0)),
+    }
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: numpy cannot take it, so its calls fold with tensor operations, as on a GPU."""
+
+
+def test_stats_folded_with_tensor_operations_have_the_bits_of_each_call_folded() -> None:
+    from surgery.core.records import Running
+
+    g = torch.Generator().manual_seed(6)
+    calls = [(torch.randn(8, 16, generator=g) * 10**i).as_subclass(Tagged) for i in range(-2, 3)]
+    running = Running(stats=True)
+    for call in calls:
+        running.add(call)
+    (mean, m2), summary = running.moments(), running.summary()
+    want = chan_call_by_call([c.as_subclass(torch.Tensor) for c in calls])
+    assert type(mean) is Tagged and running.count == want["count"]
+    assert torch.equal(bits(mean.as_subclass(torch.Tensor)), bits(want["mean"]))
+    assert torch.equal(bits(m2.as_subclass(torch.Tensor)), bits(want["m2"]))
+    assert torch.equal(bits(summary["min"].as_subclass(torch.Tensor)), bits(want["min"].float()))
+    assert torch.equal(bits(summary["max"].as_subclass(torch.Tensor)), bits(want["max"].float()))
+
+
+@pytest.mark.cuda
+def test_stats_folded_on_a_gpu_have_the_bits_of_each_call_folded_there() -> None:
+    from surgery.core.records import Running
+
+    g = torch.Generator().manual_seed(4)
+    calls = [torch.randn(8, 16, generator=g) * 10**i for i in range(-2, 3)]
+    gpu = [c.to(torch.device("cuda")) for c in calls]
+    running = Running(stats=True)
+    for call in gpu:
+        running.add(call)
+    mean, m2 = running.moments()
+    summary, want = running.summary(), chan_call_by_call(gpu)
+    assert mean.device.type == "cuda" and running.count == want["count"]
+    assert torch.equal(mean, want["mean"]) and torch.equal(m2, want["m2"])  # the same operations on the same device
+    assert torch.equal(summary["min"], want["min"].float()) and torch.equal(summary["max"], want["max"].float())
+    on_cpu = chan_call_by_call(calls)
+    torch.testing.assert_close(mean.cpu(), on_cpu["mean"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m2.cpu(), on_cpu["m2"], rtol=1e-10, atol=1e-10)

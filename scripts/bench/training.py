@@ -21,6 +21,7 @@ from typing import Any
 from scripts.bench.common import Variant, interleave, machine, nothing, verdict, write_json
 
 TARGET = 1.05
+ROUNDS, REPS = 21, 4
 STEPS, EVERY, MAX_NORM = 20, 5, 0.1
 RECIPE = {
     "freeze": {"kind": "freeze", "select": "net.0"},
@@ -29,7 +30,7 @@ RECIPE = {
 }
 
 
-def run(rounds: int) -> dict[str, Any]:
+def run(rounds: int, reps: int = 1) -> dict[str, Any]:
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
@@ -100,7 +101,7 @@ def run(rounds: int) -> dict[str, Any]:
             Variant("by hand + an empty callback", nothing, lambda: fit(True, empty=True)),
         ],
         rounds=rounds,
-        reps=1,
+        reps=reps,
     )
     low, high = timing.spread("SurgeryCallback", "by hand")
     return {
@@ -111,6 +112,7 @@ def run(rounds: int) -> dict[str, Any]:
         "empty_callback_s": timing.median("by hand + an empty callback"),
         "empty_callback_ratio": timing.ratio("by hand + an empty callback", "by hand"),
         "rounds": len(timing.rounds["by hand"]),
+        "reps": reps,
         "verdict": verdict(low, high, TARGET),
     }
 
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    result = run(3 if args.quick else 15)  # a fit is short: rounds are cheap and a busy machine moves each
+    # a fit is short and a busy machine moves each one: a round times REPS fits of each variant, rounds interleaved
+    result = run(3, 1) if args.quick else run(ROUNDS, REPS)
     low, high = result["quartiles"]
     print(f"SurgeryCallback / by hand: {result['ratio']:.3f} ({low:.3f}–{high:.3f}) {result['verdict']}")
     write_json(args.json, {"machine": machine(), **result})
