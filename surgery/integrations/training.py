@@ -62,6 +62,7 @@ class TrainingSurgery:
         self.added: list[nn.Parameter] = []  # trainable parameters the recipe added, for the optimizer
         self._before: ModelState | None = None
         self._set_aside: dict[int, dict[str, Running]] | None = None
+        self._keeping: list[Record] = []  # the records that keep calls (emptied after every step)
 
     @property
     def active(self) -> bool:
@@ -76,6 +77,8 @@ class TrainingSurgery:
         had = {id(p) for p in model.parameters()}
         self._before = ModelState.of(model)
         self.surgery = surgery.apply(model, plan)
+        kept = [r for records in self.surgery.captures.values() for r in records.values()]
+        self._keeping = [r for r in kept if r.reduce == "none"]
         self.added = [p for p in model.parameters() if id(p) not in had and p.requires_grad]
         return self.surgery
 
@@ -124,12 +127,8 @@ class TrainingSurgery:
 
     def end_step(self) -> None:
         """Forget the calls kept by records that keep calls: memory stays at one step."""
-        if self.surgery is None:
-            return
-        for records in self.surgery.captures.values():
-            for record in records.values():
-                if record.reduce == "none":
-                    record.calls.clear()
+        for record in self._keeping:  # made at apply: every step pays for these records only
+            record.calls.clear()
 
     def set_window_aside(self) -> None:
         """Keep the running statistics gathered so far out of reach of the batches that follow (validation in fit)."""
