@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from scripts.bench.common import Variant, interleave, machine, nothing, verdict, write_json
 
 TARGET = 1.05
-ROUNDS, REPS = 21, 4
+ROUNDS, REPS = 31, 4
 STEPS, EVERY, MAX_NORM = 20, 5, 0.1
 RECIPE = {
     "freeze": {"kind": "freeze", "select": "net.0"},
@@ -104,6 +107,7 @@ def run(rounds: int, reps: int = 1) -> dict[str, Any]:
         reps=reps,
     )
     low, high = timing.spread("SurgeryCallback", "by hand")
+    parts = breakdown(lambda: fit(False), fits=3 if rounds < 10 else 9)
     return {
         "hand_s": timing.median("by hand"),
         "surgery_s": timing.median("SurgeryCallback"),
@@ -114,7 +118,47 @@ def run(rounds: int, reps: int = 1) -> dict[str, Any]:
         "rounds": len(timing.rounds["by hand"]),
         "reps": reps,
         "verdict": verdict(low, high, TARGET),
+        "parts_ms": parts,
     }
+
+
+def breakdown(fit: Callable[[], Any], fits: int) -> dict[str, float]:
+    """CPU milliseconds per fit in the callback's own parts (median over ``fits`` fits, after the timed rounds)."""
+    import surgery.core.records as records
+    import surgery.integrations.training as training
+
+    parts = {  # name → (owner, attribute)
+        "setup: plan and apply": (training.TrainingSurgery, "apply"),
+        "teardown: remove and check": (training.TrainingSurgery, "remove"),
+        "logging: fold and statistics": (training.TrainingSurgery, "statistics"),
+        "hooks: take each call's copy": (records.Running, "add"),
+    }
+    spent = dict.fromkeys(parts, 0)
+    originals = {name: getattr(owner, attr) for name, (owner, attr) in parts.items()}
+
+    def timed(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            begin = time.process_time_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name] += time.process_time_ns() - begin
+
+        return call
+
+    per_fit: dict[str, list[float]] = {name: [] for name in parts}
+    try:
+        for name, (owner, attr) in parts.items():
+            setattr(owner, attr, timed(name, originals[name]))
+        for _ in range(fits):
+            spent.update(dict.fromkeys(parts, 0))
+            fit()
+            for name in parts:
+                per_fit[name].append(spent[name] / 1e6)
+    finally:
+        for name, (owner, attr) in parts.items():
+            setattr(owner, attr, originals[name])
+    return {name: statistics.median(values) for name, values in per_fit.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,16 +101,18 @@ class Running:
         """Take in one call's tensor (a float64 copy); dim 0 is the batch."""
         x = tensor.detach()
         x = x.clone() if x.dtype == torch.float64 else x.double()  # a copy: the model may write its tensor in place
-        x = x.unsqueeze(0) if x.dim() == 0 else x
-        if self.stats and not x.shape[0]:
+        shape = x.shape
+        if not shape:
+            x = x.unsqueeze(0)
+        elif self.stats and not shape[0]:
             torch.aminmax(x, dim=0)  # a call without rows fails here, in its hook, as folding it at once did
+        rest = shape[1:]
         with self._lock:
-            if self._shape is None:
-                self._shape = x.shape[1:]
-            elif x.shape[1:] != self._shape:
-                raise SurgeryError(
-                    f"reduce needs the same shape on every call: {list(self._shape)} then {list(x.shape[1:])}"
-                )
+            if rest != self._shape:
+                if self._shape is not None:
+                    seen, now = list(self._shape), list(rest)
+                    raise SurgeryError(f"reduce needs the same shape on every call: {seen} then {now}")
+                self._shape = rest
             self._pending.append(x)
             self._held += x.numel() * 8
             if self._held > self.HELD_BYTES:
