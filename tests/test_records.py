@@ -5,6 +5,7 @@ Every expected value is what a hand-written PyTorch hook (or plain torch arithme
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -271,6 +272,66 @@ def test_reduce_refuses_a_call_of_another_shape(reduce: str) -> None:
             model(data(cols=5))
 
 
+def chan_call_by_call(calls: list[torch.Tensor]) -> dict[str, Any]:
+    """Each call folded in as it comes (Chan et al.), in plain torch: what ``Running`` gave before it waited."""
+    count, mean, m2, low, high = 0, None, None, None, None
+    for call in calls:
+        x = call.detach().double()
+        x = x.unsqueeze(0) if x.dim() == 0 else x
+        n, m = x.shape[0], x.mean(0)
+        d = x - m
+        s2, (lo, hi) = d.mul_(d).sum(0), torch.aminmax(x, dim=0)
+        if mean is None:
+            count, mean, m2, low, high = n, m, s2, lo, hi
+            continue
+        total, delta = count + n, m - mean
+        mean, m2 = mean + delta * (n / total), m2 + s2 + delta**2 * (count * n / total)
+        low, high, count = torch.minimum(low, lo), torch.maximum(high, hi), total
+    return {"count": count, "mean": mean, "m2": m2, "min": low, "max": high}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits, NaN payloads and the sign of zero included."""
+    return t.contiguous().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+@pytest.mark.parametrize("pending", [0, 1 << 10, 4 << 20])  # fold at every call, every few calls, when read
+def test_stats_folded_late_or_several_at_once_have_the_bits_of_each_call_folded(pending: int, monkeypatch: Any) -> None:
+    from surgery.core.records import Running
+
+    monkeypatch.setattr(Running, "HELD_BYTES", pending)
+    g = torch.Generator().manual_seed(3)
+    kinds = (((32, 64), torch.float32), ((4, 2, 5), torch.float16), ((), torch.float64), ((7,), torch.bfloat16))
+    for shape, dtype in kinds:
+        calls = [(torch.randn((8, *shape), generator=g) * 10**i).to(dtype) for i in range(-3, 3)]
+        calls += [calls[0][:3], calls[1]]  # a smaller batch between two full ones
+        calls[2].view(-1)[:2] = torch.tensor([0.0, float("nan")]).to(dtype)
+        calls[3].view(-1)[:1] = -0.0
+        running, seen = Running(stats=True), []
+        for i, call in enumerate(calls):
+            running.add(call)
+            seen.append(call)
+            if i in (2, 4, len(calls) - 1):  # read in the middle too (at 2 only the moments, as a training log does)
+                want, (mean, m2) = chan_call_by_call(seen), running.moments()
+                assert running.count == want["count"]
+                assert torch.equal(bits(mean), bits(want["mean"])) and torch.equal(bits(m2), bits(want["m2"]))
+                if i != 2:
+                    summary = running.summary()
+                    assert torch.equal(bits(summary["min"]), bits(want["min"].float()))
+                    assert torch.equal(bits(summary["max"]), bits(want["max"].float()))
+
+
+def test_a_call_folded_late_keeps_what_it_was_when_the_model_wrote_it_afterwards() -> None:
+    from surgery.core.records import Running
+
+    running, x = Running(stats=True), data(rows=2, cols=3).double()
+    running.add(x)
+    kept = x.clone()
+    x.mul_(100)  # e.g. a ReLU(inplace=True) after the module: the copy, not the model's tensor, waits to be folded
+    mean, _ = running.moments()
+    assert torch.equal(mean, kept.mean(0))
+
+
 def test_training_statistics_of_a_mean_capture_pool_every_row_and_element() -> None:
     model = nn.Sequential(nn.Identity())
     xs = [0.01 * data(seed=s) + 0.5 for s in (1, 2)]  # small spread: each element's M2 is well below 1
@@ -282,3 +343,65 @@ def test_training_statistics_of_a_mean_capture_pool_every_row_and_element() -> N
     assert got["mean"] == pytest.approx(every.mean().item(), rel=1e-12)
     assert got["std"] == pytest.approx(every.std(correction=0).item(), rel=1e-9)
     assert got["norm"] == pytest.approx(every.pow(2).sum(1).mean().sqrt().item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (8,), (8, 2, 3)])
+def test_training_statistics_of_a_stats_capture_have_the_bits_of_the_formula_in_torch(shape: tuple[int, ...]) -> None:
+    model = nn.Sequential(nn.Identity())
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(shape, generator=g) * 3 + i for i in range(4)]
+    with torch.no_grad(), surgery.apply(model, {"c": {"kind": "capture", "select": "0", "reduce": "stats"}}) as s:
+        for x in xs:
+            model(x)
+        got = record_statistics(s.captures["c"]["0"])["output"]
+    want = chan_call_by_call(xs)
+    mean, m2, rows = want["mean"], want["m2"], want["count"]
+    overall = mean.mean()
+    total_m2 = m2.sum() + rows * ((mean - overall) ** 2).sum()
+    square_norm = (m2 / rows + mean**2).sum()
+    assert got == {
+        "mean": overall.item(),
+        "std": math.sqrt(max(total_m2.item(), 0.0) / (rows * mean.numel())),
+        "norm": math.sqrt(max(square_norm.item(), 0.0)),
+    }
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: numpy cannot take it, so its calls fold with tensor operations, as on a GPU."""
+
+
+def test_stats_folded_with_tensor_operations_have_the_bits_of_each_call_folded() -> None:
+    from surgery.core.records import Running
+
+    g = torch.Generator().manual_seed(6)
+    calls = [(torch.randn(8, 16, generator=g) * 10**i).as_subclass(Tagged) for i in range(-2, 3)]
+    running = Running(stats=True)
+    for call in calls:
+        running.add(call)
+    (mean, m2), summary = running.moments(), running.summary()
+    want = chan_call_by_call([c.as_subclass(torch.Tensor) for c in calls])
+    assert type(mean) is Tagged and running.count == want["count"]
+    assert torch.equal(bits(mean.as_subclass(torch.Tensor)), bits(want["mean"]))
+    assert torch.equal(bits(m2.as_subclass(torch.Tensor)), bits(want["m2"]))
+    assert torch.equal(bits(summary["min"].as_subclass(torch.Tensor)), bits(want["min"].float()))
+    assert torch.equal(bits(summary["max"].as_subclass(torch.Tensor)), bits(want["max"].float()))
+
+
+@pytest.mark.cuda
+def test_stats_folded_on_a_gpu_have_the_bits_of_each_call_folded_there() -> None:
+    from surgery.core.records import Running
+
+    g = torch.Generator().manual_seed(4)
+    calls = [torch.randn(8, 16, generator=g) * 10**i for i in range(-2, 3)]
+    gpu = [c.to(torch.device("cuda")) for c in calls]
+    running = Running(stats=True)
+    for call in gpu:
+        running.add(call)
+    mean, m2 = running.moments()
+    summary, want = running.summary(), chan_call_by_call(gpu)
+    assert mean.device.type == "cuda" and running.count == want["count"]
+    assert torch.equal(mean, want["mean"]) and torch.equal(m2, want["m2"])  # the same operations on the same device
+    assert torch.equal(summary["min"], want["min"].float()) and torch.equal(summary["max"], want["max"].float())
+    on_cpu = chan_call_by_call(calls)
+    torch.testing.assert_close(mean.cpu(), on_cpu["mean"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m2.cpu(), on_cpu["m2"], rtol=1e-10, atol=1e-10)

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from scripts.bench.common import Variant, interleave, machine, nothing, verdict, write_json
 
 TARGET = 1.05
+ROUNDS, REPS = 121, 1  # many short rounds: the three fits of a round run within a quarter second
 STEPS, EVERY, MAX_NORM = 20, 5, 0.1
 RECIPE = {
     "freeze": {"kind": "freeze", "select": "net.0"},
@@ -29,7 +33,7 @@ RECIPE = {
 }
 
 
-def run(rounds: int) -> dict[str, Any]:
+def run(rounds: int, reps: int = 1) -> dict[str, Any]:
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
@@ -91,6 +95,7 @@ def run(rounds: int) -> dict[str, Any]:
         return model
 
     hand, mine = fit(True), fit(False)
+    fit(True, empty=True)
     for a, b in zip(hand.net.parameters(), mine.net.parameters(), strict=True):
         assert torch.equal(a, b), "the two trainings must end with the same weights"
     timing = interleave(
@@ -100,9 +105,11 @@ def run(rounds: int) -> dict[str, Any]:
             Variant("by hand + an empty callback", nothing, lambda: fit(True, empty=True)),
         ],
         rounds=rounds,
-        reps=1,
+        reps=reps,
+        warmup=0,  # the fits of each variant above warmed everything a fit uses
     )
     low, high = timing.spread("SurgeryCallback", "by hand")
+    parts = breakdown(lambda: fit(False), fits=3 if rounds < 10 else 9)
     return {
         "hand_s": timing.median("by hand"),
         "surgery_s": timing.median("SurgeryCallback"),
@@ -111,8 +118,49 @@ def run(rounds: int) -> dict[str, Any]:
         "empty_callback_s": timing.median("by hand + an empty callback"),
         "empty_callback_ratio": timing.ratio("by hand + an empty callback", "by hand"),
         "rounds": len(timing.rounds["by hand"]),
+        "reps": reps,
         "verdict": verdict(low, high, TARGET),
+        "parts_ms": parts,
     }
+
+
+def breakdown(fit: Callable[[], Any], fits: int) -> dict[str, float]:
+    """CPU milliseconds per fit in the callback's own parts (median over ``fits`` fits, after the timed rounds)."""
+    import surgery.core.records as records
+    import surgery.integrations.training as training
+
+    parts = {  # name → (owner, attribute)
+        "setup: plan and apply": (training.TrainingSurgery, "apply"),
+        "teardown: remove and check": (training.TrainingSurgery, "remove"),
+        "logging: fold and statistics": (training.TrainingSurgery, "statistics"),
+        "hooks: take each call's copy": (records.Running, "add"),
+    }
+    spent = dict.fromkeys(parts, 0)
+    originals = {name: getattr(owner, attr) for name, (owner, attr) in parts.items()}
+
+    def timed(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            begin = time.process_time_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name] += time.process_time_ns() - begin
+
+        return call
+
+    per_fit: dict[str, list[float]] = {name: [] for name in parts}
+    try:
+        for name, (owner, attr) in parts.items():
+            setattr(owner, attr, timed(name, originals[name]))
+        for _ in range(fits):
+            spent.update(dict.fromkeys(parts, 0))
+            fit()
+            for name in parts:
+                per_fit[name].append(spent[name] / 1e6)
+    finally:
+        for name, (owner, attr) in parts.items():
+            setattr(owner, attr, originals[name])
+    return {name: statistics.median(values) for name, values in per_fit.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    result = run(3 if args.quick else 15)  # a fit is short: rounds are cheap and a busy machine moves each
+    # a busy machine moves each fit: many rounds of one fit of each variant, interleaved, order alternating
+    result = run(3, 1) if args.quick else run(ROUNDS, REPS)
     low, high = result["quartiles"]
     print(f"SurgeryCallback / by hand: {result['ratio']:.3f} ({low:.3f}–{high:.3f}) {result['verdict']}")
     write_json(args.json, {"machine": machine(), **result})

@@ -185,9 +185,9 @@ class Shared:
     """What the plans of one unmodified model share: its module index, and per action config its validated
     form and its selection, reused when a later plan holds the same plain (JSON-like) config again."""
 
-    def __init__(self) -> None:
+    def __init__(self, configs: dict[tuple[Any, ...], Any] | None = None) -> None:
         self.index: ModuleIndex | None = None
-        self._configs: dict[tuple[Any, ...], Any] = {}
+        self._configs: dict[tuple[Any, ...], Any] = {} if configs is None else configs  # may outlive this model
         self._matches: dict[tuple[Any, ...], list[Target]] = {}
 
     def index_of(self, model: nn.Module) -> ModuleIndex:

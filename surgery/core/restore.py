@@ -10,6 +10,7 @@ exactly the values it had before.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ def _keys(value: Any) -> Any:
     """A hook dict as its keys in order (None stays None: PyTorch makes some dicts only on first use)."""
     if value is None:
         return None
+    if type(value) in _PLAIN_DICTS:  # what PyTorch keeps, tried before the slower ABC check of Mapping
+        return tuple(value)
     if isinstance(value, (set, frozenset)):
         return tuple(sorted(value))
     if isinstance(value, Mapping):
@@ -56,7 +59,11 @@ def _keys(value: Any) -> Any:
     return value
 
 
+_PLAIN_DICTS = (dict, OrderedDict)
+
+
 def _module_facts(module: nn.Module) -> dict[str, Any]:
+    own = module.__dict__
     facts: dict[str, Any] = {
         "class": f"{type(module).__module__}.{type(module).__qualname__}",
         "object": id(module),
@@ -65,10 +72,10 @@ def _module_facts(module: nn.Module) -> dict[str, Any]:
         "parameters": tuple((n, id(t)) for n, t in module._parameters.items()),
         "buffers": tuple((n, id(t)) for n, t in module._buffers.items()),
         "_non_persistent_buffers_set": _keys(module._non_persistent_buffers_set),
-        "_is_full_backward_hook": module.__dict__.get("_is_full_backward_hook", "absent"),
+        "_is_full_backward_hook": own.get("_is_full_backward_hook", "absent"),
     }
     for name in MODULE_HOOK_DICTS:
-        facts[name] = _keys(module.__dict__.get(name, "absent"))
+        facts[name] = _keys(own.get(name, "absent"))
     return facts
 
 

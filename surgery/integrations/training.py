@@ -19,10 +19,12 @@ import os
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 import surgery
+from surgery.core.compiler import Shared, compile_plan
 from surgery.core.engine import Surgery
 from surgery.core.records import Record, Running
 from surgery.core.restore import ModelState
@@ -32,6 +34,10 @@ STAGES = ("fit", "validate", "test", "predict")
 MAIN = ("output", "grad")  # logged without their WHAT segment
 # module and tensor facts that training or the framework may change legitimately (mode, values, device, precision)
 _MOVABLE = ("training", "version", "storage", "device", "dtype")
+# validated action configs by (kind, key, plain config), kept across runs: a callback made for every fit (a sweep,
+# a notebook) validates its recipe once per process; selections are made again against each run's model
+_VALIDATED: dict[tuple[Any, ...], Any] = {}
+_VALIDATED_MAX = 1024
 
 
 def check_log_every(value: Any, owner: str) -> int:
@@ -56,6 +62,7 @@ class TrainingSurgery:
         self.added: list[nn.Parameter] = []  # trainable parameters the recipe added, for the optimizer
         self._before: ModelState | None = None
         self._set_aside: dict[int, dict[str, Running]] | None = None
+        self._keeping: list[Record] = []  # the records that keep calls (emptied after every step)
 
     @property
     def active(self) -> bool:
@@ -64,10 +71,14 @@ class TrainingSurgery:
 
     def apply(self, model: nn.Module) -> Surgery:
         """Plan against ``model`` (a recipe that does not fit raises here, naming the action), then apply."""
-        plan = surgery.plan(model, self.actions)
+        if len(_VALIDATED) > _VALIDATED_MAX:
+            _VALIDATED.clear()
+        plan = compile_plan(model, self.actions, shared=Shared(configs=_VALIDATED))  # as surgery.plan(model, actions)
         had = {id(p) for p in model.parameters()}
         self._before = ModelState.of(model)
         self.surgery = surgery.apply(model, plan)
+        kept = [r for records in self.surgery.captures.values() for r in records.values()]
+        self._keeping = [r for r in kept if r.reduce == "none"]
         self.added = [p for p in model.parameters() if id(p) not in had and p.requires_grad]
         return self.surgery
 
@@ -116,12 +127,8 @@ class TrainingSurgery:
 
     def end_step(self) -> None:
         """Forget the calls kept by records that keep calls: memory stays at one step."""
-        if self.surgery is None:
-            return
-        for records in self.surgery.captures.values():
-            for record in records.values():
-                if record.reduce == "none":
-                    record.calls.clear()
+        for record in self._keeping:  # made at apply: every step pays for these records only
+            record.calls.clear()
 
     def set_window_aside(self) -> None:
         """Keep the running statistics gathered so far out of reach of the batches that follow (validation in fit)."""
@@ -185,12 +192,20 @@ def _window_stats(running: Running) -> dict[str, float]:
     (mean, m2), rows = running.moments(), running.count
     elements = mean.numel()
     overall = mean.mean()
-    total_m2 = m2.sum() + rows * ((mean - overall) ** 2).sum()
-    square_norm = (m2 / rows + mean**2).sum()  # E over rows of ||row||^2
+    if mean.device.type == "cpu" and type(mean) is torch.Tensor and type(m2) is torch.Tensor:
+        # the elementwise steps in numpy (the same IEEE operations, a microsecond each), the sums in torch's order
+        centre, values, spread = overall.item(), mean.numpy(), m2.numpy()
+        deviation = values - centre
+        total_m2 = m2.sum().item() + rows * torch.from_numpy(np.asarray(deviation * deviation)).sum().item()
+        square_norm = torch.from_numpy(np.asarray(spread / rows + values * values)).sum().item()
+    else:
+        centre = overall.item()
+        total_m2 = (m2.sum() + rows * ((mean - overall) ** 2).sum()).item()
+        square_norm = (m2 / rows + mean**2).sum().item()  # E over rows of ||row||^2
     return {
-        "mean": overall.item(),
-        "std": math.sqrt(max(total_m2.item(), 0.0) / (rows * elements)),
-        "norm": math.sqrt(max(square_norm.item(), 0.0)),
+        "mean": centre,
+        "std": math.sqrt(max(total_m2, 0.0) / (rows * elements)),
+        "norm": math.sqrt(max(square_norm, 0.0)),
     }
 
 
