@@ -80,7 +80,7 @@ class Running:
     Safe when the model runs in several threads: calls are appended and folded under a lock.
     """
 
-    HELD_BYTES = 4 << 20  # at most this much of float64 copies waits to be folded (plus the last call)
+    HELD_BYTES = 1 << 20  # at most this much of float64 copies waits to be folded (plus the last call), per statistic
 
     def __init__(self, stats: bool = True) -> None:
         self._lock = threading.Lock()
@@ -115,8 +115,8 @@ class Running:
                 self._shape = rest
             self._pending.append(x)
             self._held += x.numel() * 8
-            if self._held > self.HELD_BYTES:
-                self._fold(extremes=True)
+            if self._held > self.HELD_BYTES or x.device.type != "cpu":  # off the CPU launches are asynchronous:
+                self._fold(extremes=True)  # fold at once and keep the card's memory free
 
     def _fold(self, extremes: bool) -> None:
         """Fold the waiting copies into the moments, oldest first; with ``extremes`` also min and max owed so far.
