@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from scripts.bench.common import ROOT, Variant, interleave, machine, nothing, ru
 from scripts.bench.study import CORRECT, GRID, LAYERS, METRICS, PATCH, POSITIONS, PROMPTS, _hidden, setup
 
 TARGET = 1.2
+WIDE = 512  # the second model's hidden size: the same study where a forward costs more than the bookkeeping
 IG_STEPS = (1, 2, 4, 8)
 HAND, STUDY, FORWARDS, ONE, PLAN = "hand AtP", "study AtP", "forwards only", "one forward", "planning the cells"
 
@@ -106,6 +106,20 @@ def planning(model: Any) -> Any:
     return lambda: derive(model, spec, grid_cells, 0, True, False)
 
 
+def wider() -> dict[str, Any]:
+    """The same grid on a model 8× wider (512, 32 heads): study AtP against AtP by hand, interleaved."""
+    import torch
+
+    model, clean, corrupt = setup(WIDE)
+    torch.testing.assert_close(by_study(model, clean, corrupt, "attribution"), hand_atp(model, clean, corrupt),
+                               rtol=1e-9, atol=1e-9)  # fmt: skip
+    variants = [Variant(HAND, nothing, lambda: hand_atp(model, clean, corrupt)),
+                Variant(STUDY, nothing, lambda: by_study(model, clean, corrupt, "attribution"))]  # fmt: skip
+    timing = interleave(variants, rounds=15, reps=2)
+    return {"width": WIDE, "times": {n: timing.median(n) for n in (HAND, STUDY)}, "ratio": timing.ratio(STUDY, HAND),
+            "quartiles": list(timing.spread(STUDY, HAND))}  # fmt: skip
+
+
 def one_forward(model: Any, corrupt: Any) -> None:
     """One forward of the corrupted prompts, no gradient: the unit AtP's cost is quoted in."""
     import torch
@@ -116,13 +130,13 @@ def one_forward(model: Any, corrupt: Any) -> None:
 
 def child(method: str) -> dict[str, Any]:
     """Peak RSS added by one study of the grid by ``method`` in this fresh process (model built and run first)."""
-    from scripts.bench.memory import rss_mib
+    from scripts.bench.memory import peak_mib, rss_mib
 
     model, clean, corrupt = setup()
     forwards(model, clean, corrupt)  # torch's own lazy allocations (autograd too) belong to the floor
     before = rss_mib()
     by_study(model, clean, corrupt, method)
-    return {"method": method, "added_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before}
+    return {"method": method, "added_mib": peak_mib() - before}
 
 
 def memory() -> list[dict[str, Any]]:
@@ -155,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         Variant(ONE, nothing, lambda: one_forward(model, corrupt)),
         Variant(PLAN, nothing, planning(model)),
     ]
-    timing = interleave(variants, rounds=4 if args.quick else 15, reps=1 if args.quick else 3)
+    settled = (lambda t: (lambda q: q[1] - q[0] < 0.08)(t.spread(STUDY, HAND))) if not args.quick else None
+    timing = interleave(variants, rounds=4 if args.quick else 31, reps=1 if args.quick else 3, settled=settled,
+                        max_s=0.0 if args.quick else 90.0)  # fmt: skip
     low, high = timing.spread(STUDY, HAND)
+    wide = None if args.quick else wider()
     ig = []
     by_study(model, clean, corrupt, "integrated_gradients", 1)  # warm-up: its first call pays one-time costs
     for steps in IG_STEPS[:2] if args.quick else IG_STEPS:
@@ -182,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "verdict": verdict(low, high, TARGET),
         "forward_share": timing.ratio(FORWARDS, STUDY),
         "ig": ig,
+        "wide": wide,
         "ig_seconds_per_step": slope,
         "ig_intercept": my - slope * mx,
     }

@@ -33,8 +33,19 @@ EVERY_MODULE = {"cap": {"kind": "capture", "select": "**", "exclude": "<root>"}}
 
 def rss_mib() -> float:
     """Resident set size of this process now."""
+    return status_mib("VmRSS")
+
+
+def peak_mib() -> float:
+    """This process's own peak RSS since it started (``VmHWM``). Not ``ru_maxrss``: Linux carries that over from the
+    parent at fork, so a child of a process holding a large model would report the parent's size."""
+    return status_mib("VmHWM")
+
+
+def status_mib(key: str) -> float:
+    """A size line of /proc/self/status (``VmRSS``, ``VmHWM``) in MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 

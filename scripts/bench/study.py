@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 from typing import Any
 
@@ -49,15 +48,15 @@ GRID = {"layer": f"0:{LAYERS}", "pos": f"0:{POSITIONS}"}
 METRICS = [{"logit_diff": {"correct": CORRECT, "wrong": WRONG}}]
 
 
-def setup() -> tuple[Any, Any, Any]:
-    """The model, clean and corrupted token ids."""
+def setup(width: int = 64) -> tuple[Any, Any, Any]:
+    """The model (hidden size ``width``, 16 dims a head), clean and corrupted token ids."""
     import torch
     import transformers
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=LAYERS, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB,
-                                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+    config = transformers.GPT2Config(n_layer=LAYERS, n_embd=width, n_head=width // 16, n_positions=64,
+                                     vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)  # fmt: skip
     config._attn_implementation = "eager"
     model = transformers.GPT2LMHeadModel(config).eval()
     clean = torch.randint(5, VOCAB, (PROMPTS, POSITIONS), generator=torch.Generator().manual_seed(0))
@@ -296,7 +295,7 @@ def profile(top: int) -> list[dict[str, Any]]:
 
 def child(variant: str) -> dict[str, Any]:
     """Peak RSS added by one grid of ``variant`` in this fresh process (model built and warmed first)."""
-    from scripts.bench.memory import rss_mib
+    from scripts.bench.memory import peak_mib, rss_mib
 
     model, clean, corrupt = setup()
     k = auto_cells()
@@ -304,7 +303,7 @@ def child(variant: str) -> dict[str, Any]:
     model(clean)  # torch's own lazy allocations belong to the floor
     before = rss_mib()
     run[variant]()
-    return {"variant": variant, "added_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before}
+    return {"variant": variant, "added_mib": peak_mib() - before}
 
 
 def memory() -> list[dict[str, Any]]:

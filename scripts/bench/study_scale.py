@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.bench.common import ROOT, cli_env, quartiles, run_child, verdict
+from scripts.bench.memory import status_mib
 from scripts.bench.study import CORRECT, LAYERS, PATCH, POSITIONS, VOCAB, WRONG, setup, study
 
 CLI_TARGET, SCALE_TARGET = 2.0, 1.2
@@ -135,7 +136,7 @@ def scale_child(cells: int) -> dict[str, Any]:
                              source=clean, batch_cells=1)  # fmt: skip
 
     run(SCALE_POSITIONS)  # imports and torch's lazy allocations belong to the floor
-    before = _status_mib("VmRSS")
+    before = status_mib("VmRSS")
     reset = _reset_peak()  # else the warm-up's own peak would hide a smaller study's
     seconds = []
     for _ in range(max(1, 300 // cells)):  # small sizes repeated: a 10-cell study is a few tens of ms
@@ -143,7 +144,7 @@ def scale_child(cells: int) -> dict[str, Any]:
         result = run(cells)
         seconds.append(time.process_time() - begin)
     assert result.values["logit_diff"].shape == (SCALE_POSITIONS, cells // SCALE_POSITIONS, len(clean))
-    added = (_status_mib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024) - before
+    added = (status_mib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024) - before
     return {"cells": cells, "seconds": statistics.median(seconds), "reps": len(seconds), "added_mib": added,
             "per_cell_s": statistics.median(seconds) / cells,
             "plans_mib": _plans_mib(model, actions, grid(cells)) if cells == max(SIZES) else None}  # fmt: skip
@@ -176,13 +177,6 @@ def _reset_peak() -> bool:
     except OSError:
         return False
     return True
-
-
-def _status_mib(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def scaling(sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:

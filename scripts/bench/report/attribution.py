@@ -58,6 +58,16 @@ def attribution_section(data: dict[str, Any] | None) -> tuple[list[str], list[li
             " of its source pass and every cell's plan).",
             "",
         ]
+    if data.get("wide"):
+        w = data["wide"]
+        wl, wh = w["quartiles"]
+        md += [
+            f"The same grid on a model {w['width'] // 64}× wider (hidden {w['width']}): hand AtP"
+            f" {w['times'][HAND] * 1e3:.1f} ms, study AtP {w['times'][STUDY] * 1e3:.1f} ms:"
+            f" **{w['ratio']:.2f}×** ({wl:.2f}–{wh:.2f}): where the passes cost more, planning and the Python around"
+            " them weigh less.",
+            "",
+        ]
     if "plan_share" in data:
         other = 1 - data["forward_share"] - data["plan_share"]
         md += [
