@@ -185,16 +185,10 @@ def estimate(
     """``Σ delta · gradient`` over the edit's part, per example (float64).
 
     ``products`` keeps ``(source - main) · gradient`` over a whole site, so that the cells patching parts of
-    the same site from the same source cut it instead of each computing its part (the same numbers); for an
-    index of leading integers (``[:, 3]``, ``[:, 3, 0]``) it also keeps the product summed over the other
-    dims, so that each such cell is one lookup.
+    the same site from the same source cut it instead of each computing its part (the same numbers).
     """
     product = _product(edit, main, grad, source, products) if products is not None else None
     if product is not None:
-        lead = _leading_ints(edit.cut, product.shape)  # type: ignore[arg-type]
-        if lead is not None:
-            pick: tuple[Any, ...] = (slice(None), *lead)
-            return _summed(products, edit, product, len(lead))[pick]  # type: ignore[arg-type]
         cut = product[edit.cut]
         return cut.reshape(cut.shape[0], -1).sum(dim=1) if cut.dim() > 1 else cut
     t, g = _viewed(main[edit.site].detach(), edit.heads), _viewed(grad[edit.site], edit.heads)
@@ -231,14 +225,6 @@ def _product(
         if src.shape != t.shape:
             return None
         products[key] = (src.to(t.dtype) - t).double() * _viewed(grad[edit.site], edit.heads).double()
-    return products[key]
-
-
-def _summed(products: dict[Any, torch.Tensor], edit: Edit, product: torch.Tensor, lead: int) -> torch.Tensor:
-    """The site's product summed over every dim after the first ``1 + lead`` (kept in ``products``)."""
-    key = (edit.site, edit.source, edit.heads, lead)
-    if key not in products:
-        products[key] = product.flatten(lead + 1).sum(-1)
     return products[key]
 
 
@@ -299,19 +285,18 @@ def _estimates(
     (a layer × position grid) in one gather per product, the others one by one."""
     products: dict[Any, torch.Tensor] = {}
     found: list[torch.Tensor | None] = [None] * len(edits)
-    gathers: dict[int, tuple[torch.Tensor, list[int], list[tuple[int, ...]]]] = {}
+    gathers: dict[tuple[Any, ...], tuple[torch.Tensor, list[int], list[tuple[int, ...]]]] = {}
     for c, cell in enumerate(edits):
         product = _product(cell[0], main, grad, source, products) if len(cell) == 1 else None
         lead = _leading_ints(cell[0].cut, product.shape) if product is not None else None  # type: ignore[arg-type]
-        if lead is None:
+        if product is None or lead is None:
             found[c] = _cell_estimate(cell, main, grad, source, products)  # names the cell when it does not fit
             continue
-        summed = _summed(products, cell[0], product, len(lead))  # type: ignore[arg-type]
-        entry = gathers.get(id(summed))
-        if entry is None:
-            entry = gathers[id(summed)] = (summed, [], [])
-        entry[1].append(c)
-        entry[2].append(lead)
+        key = (cell[0].site, cell[0].source, cell[0].heads, len(lead))
+        if key not in gathers:  # the site's product summed over every dim after the leading ones, once
+            gathers[key] = (product.flatten(len(lead) + 1).sum(-1), [], [])
+        gathers[key][1].append(c)
+        gathers[key][2].append(lead)
     for summed, cells, leads in gathers.values():
         at = torch.tensor(leads, device=summed.device).T  # one row of indices per leading dim
         pick: tuple[Any, ...] = (slice(None), *at)
