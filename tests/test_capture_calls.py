@@ -147,7 +147,7 @@ def test_reduce_folds_both_calls_of_every_captured_tensor(reduce: str) -> None:
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_running_moments_are_the_mean_and_m2_of_every_row(stats: bool) -> None:
-    from surgery.core.records import Running
+    from surgery.core.running import Running
 
     running, rows = (
         Running(stats=stats),

@@ -297,7 +297,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("pending", [0, 1 << 10, 1 << 20])  # fold at every call, every few calls, when read
 def test_stats_folded_late_or_several_at_once_have_the_bits_of_each_call_folded(pending: int, monkeypatch: Any) -> None:
-    from surgery.core.records import Running
+    from surgery.core.running import Running
 
     monkeypatch.setattr(Running, "HELD_BYTES", pending)
     g = torch.Generator().manual_seed(3)
@@ -322,7 +322,7 @@ def test_stats_folded_late_or_several_at_once_have_the_bits_of_each_call_folded(
 
 
 def test_a_call_folded_late_keeps_what_it_was_when_the_model_wrote_it_afterwards() -> None:
-    from surgery.core.records import Running
+    from surgery.core.running import Running
 
     running, x = Running(stats=True), data(rows=2, cols=3).double()
     running.add(x)
@@ -371,7 +371,7 @@ class Tagged(torch.Tensor):
 
 
 def test_stats_folded_with_tensor_operations_have_the_bits_of_each_call_folded() -> None:
-    from surgery.core.records import Running
+    from surgery.core.running import Running
 
     g = torch.Generator().manual_seed(6)
     calls = [(torch.randn(8, 16, generator=g) * 10**i).as_subclass(Tagged) for i in range(-2, 3)]
@@ -389,7 +389,7 @@ def test_stats_folded_with_tensor_operations_have_the_bits_of_each_call_folded()
 
 @pytest.mark.cuda
 def test_stats_folded_on_a_gpu_have_the_bits_of_each_call_folded_there() -> None:
-    from surgery.core.records import Running
+    from surgery.core.running import Running
 
     g = torch.Generator().manual_seed(4)
     calls = [torch.randn(8, 16, generator=g) * 10**i for i in range(-2, 3)]

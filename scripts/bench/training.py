@@ -126,14 +126,14 @@ def run(rounds: int, reps: int = 1) -> dict[str, Any]:
 
 def breakdown(fit: Callable[[], Any], fits: int) -> dict[str, float]:
     """CPU milliseconds per fit in the callback's own parts (median over ``fits`` fits, after the timed rounds)."""
-    import surgery.core.records as records
+    import surgery.core.running as running
     import surgery.integrations.training as training
 
     parts = {  # name → (owner, attribute)
         "setup: plan and apply": (training.TrainingSurgery, "apply"),
         "teardown: remove and check": (training.TrainingSurgery, "remove"),
         "logging: fold and statistics": (training.TrainingSurgery, "statistics"),
-        "hooks: take each call's copy": (records.Running, "add"),
+        "hooks: take each call's copy": (running.Running, "add"),
     }
     spent = dict.fromkeys(parts, 0)
     originals = {name: getattr(owner, attr) for name, (owner, attr) in parts.items()}

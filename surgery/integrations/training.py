@@ -26,8 +26,9 @@ from torch import nn
 import surgery
 from surgery.core.compiler import Shared, compile_plan
 from surgery.core.engine import Surgery
-from surgery.core.records import Record, Running
+from surgery.core.records import Record
 from surgery.core.restore import ModelState
+from surgery.core.running import Running
 from surgery.errors import ActionError, ConfigError
 
 STAGES = ("fit", "validate", "test", "predict")
