@@ -11,7 +11,6 @@ a batch's decoded bytes checked against ``limits.memory_gb``. Columns of other d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,7 @@ from torch.utils.data import Dataset
 from surgery.core.limits import check_memory
 from surgery.errors import ConfigError
 from surgery.files.images import decode_image, open_image_bytes
-from surgery.files.paths import inside, must_be_file, read_failure
-
-JSON_GROWTH = 32  # Python objects parsed from JSON take up to this many times the text's bytes
+from surgery.files.paths import inside, must_be_file, read_failure, read_json_object
 
 
 def check_directory(path: Path, split: bool = False) -> None:
@@ -34,26 +31,14 @@ def check_directory(path: Path, split: bool = False) -> None:
             must_be_file(inside(info, path, "input.path", f"the datasets directory {str(path)!r}"), "input.path")
     dict_file = path / "dataset_dict.json"
     if dict_file.exists() and not split:  # a split is one data set: its own dataset_dict.json is never read
-        for name in _json(dict_file).get("splits", []):
+        for name in read_json_object(dict_file, "input.path").get("splits", []):
             check_directory(inside(str(name), path, "input.path", f"{str(dict_file)!r}"), split=True)
         return
     state_file = path / "state.json"
     if state_file.exists():
-        for entry in _json(state_file).get("_data_files", []):
+        for entry in read_json_object(state_file, "input.path").get("_data_files", []):
             name = entry.get("filename", "") if isinstance(entry, dict) else entry
             must_be_file(inside(str(name), path, "input.path", f"{str(state_file)!r}"), "input.path")
-
-
-def _json(path: Path) -> dict[str, Any]:
-    must_be_file(path, "input.path")
-    check_memory(JSON_GROWTH * path.stat().st_size, "input.path", f"parsing {str(path)!r}")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"input.path: cannot read {str(path)!r} as JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"input.path: {str(path)!r} is not a JSON object")
-    return data
 
 
 class HFRows(Dataset):

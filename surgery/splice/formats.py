@@ -11,7 +11,6 @@ Everything is checked here, before the model is touched; each message names the 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from surgery.errors import ConfigError
-from surgery.files.paths import refuse_url
+from surgery.files.paths import read_json_object, refuse_url
 from surgery.files.tensors import read_tensors
 
 CFG_FILE = "cfg.json"
@@ -130,12 +129,7 @@ def _load_dir(
             f"{where}: the directory {path!r} has no {' or '.join(missing)}; a SAELens SAE directory holds {CFG_FILE}"
             f" and {WEIGHTS_FILE} (what SAE.save_model writes)"
         )
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{where}: cannot read {str(cfg_file)!r} as JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{where}: {str(cfg_file)!r} holds a {type(cfg).__name__}, not a JSON object")
+    cfg = read_json_object(cfg_file, where)
     architecture = str(cfg.get("architecture") or "standard")
     old_activation = cfg.get("activation_fn", cfg.get("activation_fn_str"))
     if architecture == "standard" and old_activation == "topk":  # written before SAELens 6: topk was an activation
