@@ -341,3 +341,37 @@ def test_actions_by_name_interpolated_or_of_the_wrong_type() -> None:
     with pytest.raises(ConfigError) as info:
         surgery.plan(TinyNet(), ["a"])
     assert str(info.value) == "actions: expected a mapping of named actions, got list"
+
+
+def test_a_config_differing_only_in_its_select_text_is_the_same_config_with_that_text() -> None:
+    """``Shared`` reuses a validated config for another select text (a study's layers): equal to validating anew."""
+    from surgery.core.compiler import Shared, load_actions
+    from surgery.core.schema import validate
+
+    checked = 0
+    for path in sorted((config_dir() / "actions").glob("*.yaml")):
+        for name, node in load_actions(path).items():
+            kind = KINDS.get(str(node["kind"]), "kind")()
+            shared, where = Shared(), f"actions.{name}"
+            try:
+                first = shared.validated(kind, {**node, "select": "blocks.0"}, where)
+            except ConfigError:  # keys a selector rewrite turns into an action first (logit_lens's lens)
+                continue
+            for select in ("blocks.1", "other.*"):
+                again = shared.validated(kind, {**node, "select": select}, where)
+                assert again == validate(kind.schema, {**node, "select": select}, where), (path.name, name)
+                assert again.select == select and first.select == "blocks.0"
+                checked += 1
+            for odd in ("???", "${x}"):  # texts OmegaConf reads its own way: validated anew, never copied
+                assert _outcome(shared.validated, kind, {**node, "select": odd}, where) == _outcome(
+                    lambda k, n, w: validate(k.schema, n, w), kind, {**node, "select": odd}, where
+                )
+    assert checked >= 30
+
+
+def _outcome(validated, kind, node, where):
+    """A config, or the message it was refused with."""
+    try:
+        return validated(kind, node, where)
+    except ConfigError as e:
+        return str(e)

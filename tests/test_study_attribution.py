@@ -137,7 +137,7 @@ def test_cells_derived_from_their_group_equal_cells_compiled_one_by_one(tiny_lm,
                                  "value": "{coef}", "index": "[:, {pos}]"}}  # fmt: skip
     grid = {**GRID, "coef": [0.5, 2]}
     fast = surgery.study(model, scaled, grid, corrupt, METRICS[:1], source=clean, method="attribution")
-    monkeypatch.setattr(importlib.import_module("surgery.study.template"), "_derived", lambda *a: None)  # one plan each
+    monkeypatch.setattr(importlib.import_module("surgery.study.template"), "_changes", lambda *a: None)  # one plan each
     slow = surgery.study(model, scaled, grid, corrupt, METRICS[:1], source=clean, method="attribution")
     assert torch.equal(fast.values["logit_diff"], slow.values["logit_diff"])
     assert fast.values["logit_diff"][:, :, 0].ne(fast.values["logit_diff"][:, :, 1]).any()  # coef changes it

@@ -7,6 +7,7 @@ Kinds come from ``surgery.core.steps.KINDS``, which ``surgery.actions`` fills wh
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -197,13 +198,29 @@ class Shared:
         return self.index
 
     def validated(self, kind: Any, node: Any, where: str) -> Any:
-        """``validate(kind.schema, node, where)``, once per distinct plain config (configs are never mutated)."""
-        key = _plain(node)
-        if key is None:
+        """``validate(kind.schema, node, where)``, once per distinct plain config (configs are never mutated).
+
+        A config that differs from one validated before only in its ``select`` text (a study's cells, a layer
+        each) is a copy of it holding the new text: ``select`` is read by the match alone, and the only check
+        made on it (a glob string or a list of them) holds for any text.
+        """
+        plain = _plain(node)
+        if plain is None:
             return validate(kind.schema, node, where)
-        key = (kind.name, where, key)
+        key = (kind.name, where, plain)
         if key not in self._configs:
-            self._configs[key] = validate(kind.schema, node, where)
+            select = node.get("select")
+            text = type(select) is str and "${" not in select and select != "???"
+            others = ("select", kind.name, where, tuple(p for p in plain[1] if p[0] != "select")) if text else None
+            known = self._configs.get(others) if others is not None else None
+            if known is not None:
+                config = copy.copy(known)
+                object.__setattr__(config, "select", select)
+            else:
+                config = validate(kind.schema, node, where)
+                if others is not None:
+                    self._configs[others] = config
+            self._configs[key] = config
         return self._configs[key]
 
     def matched(self, cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Target]:

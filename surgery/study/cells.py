@@ -19,7 +19,9 @@ from torch import nn
 from surgery.core.compiler import Plan
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.records import Call
-from surgery.study.attribution import Edit, Key, Site, attribute_batch
+from surgery.study.attribution import attribute_batch
+from surgery.study.edits import Key, Site
+from surgery.study.estimates import EditedCells
 from surgery.study.inputs import Inputs, logits_of
 from surgery.study.metrics import PerExample
 from surgery.study.resume import Progress
@@ -31,7 +33,7 @@ class Attribution:
     """What an attribution method needs: the sites, each cell's edits, and the steps of integrated gradients."""
 
     sites: dict[Key, Site]
-    edits: list[list[Edit]]
+    cells: EditedCells
     steps: int | None
 
 
@@ -116,12 +118,14 @@ class Run:
         for n, metric in enumerate(self.bound):
             held: dict[str, Any] = {}
             estimates = attribute_batch(
-                self.model, self.attribution.sites, self.attribution.edits, partial(batch.run, self.model), run_source,
+                self.model, self.attribution.sites, self.attribution.cells, partial(batch.run, self.model), run_source,
                 partial(_scored, metric, y, held), self.attribution.steps, held,
             )  # fmt: skip
-            if n == 0:
+            if n == 0:  # the metric differentiated is the pass's own value; the others scored on its output
                 reference = held["reference"]
-                _score(self.bound, self.base, rows, reference, y, reference)
+                for other in self.bound:
+                    value = held["value"] if other is metric else other(reference, y, reference)
+                    self.base[other.name][rows] = value
                 if clean is not None:
                     _score(self.bound, self.src_base, rows, logits_of(held["source"]).detach(), y, reference)
             base = self.base[metric.name][rows]  # float64 on the host, whatever device the model is on
@@ -130,11 +134,16 @@ class Run:
 
 
 def _scored(metric: PerExample, labels: torch.Tensor | None, held: dict[str, Any], output: Any) -> torch.Tensor:
-    """The metric of ``output``; the first output scored is the unmodified run's, kept as the reference."""
+    """The metric of ``output``; the first output scored is the unmodified run's, kept as the reference (and its
+    value, the baseline)."""
     logits = logits_of(output)
-    if "reference" not in held:
+    first = "reference" not in held
+    if first:
         held["reference"] = logits.detach()
-    return metric(logits, labels, held["reference"])
+    value = metric(logits, labels, held["reference"])
+    if first:
+        held["value"] = value.detach()
+    return value
 
 
 def _run_group(

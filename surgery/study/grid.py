@@ -105,6 +105,11 @@ def check_uses(grid: Mapping[str, list], actions: Any, where: str = "actions") -
             raise ConfigError(f"study.grid.{name}: no action uses it; write {{{name}}} in an action's value")
 
 
+def cell_text(cell: Mapping[str, Any]) -> str:
+    """A cell as its errors and reports name it: ``{layer: 0, pos: 3}``."""
+    return "{" + ", ".join(f"{k}: {v}" for k, v in cell.items()) + "}"
+
+
 def fill(node: Any, cell: Mapping[str, Any]) -> Any:
     """``node`` with every placeholder replaced by the cell's value (a whole-placeholder string keeps the type)."""
     if isinstance(node, Mapping):

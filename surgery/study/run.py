@@ -18,7 +18,8 @@ from surgery.core.compiler import Plan, Shared, compile_plan, load_actions
 from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
 from surgery.study.cells import Attribution, Run
-from surgery.study.grid import cells, check_uses, fill, parse_grid
+from surgery.study.estimates import EditedCells
+from surgery.study.grid import cell_text, cells, check_uses, fill, parse_grid
 from surgery.study.inputs import Inputs
 from surgery.study.metrics import PerExample, parse_metrics
 from surgery.study.result import StudyResult
@@ -26,7 +27,7 @@ from surgery.study.resume import Progress
 from surgery.study.rows import cells_per_forward, restricted, why_not_rowwise
 from surgery.study.sources import shared_captures
 from surgery.study.stats import N_BOOT, bootstrap, mean, normalized
-from surgery.study.template import cell_text, derive
+from surgery.study.template import derive
 from surgery.study.verify import verified
 
 METHODS = ("patch", "attribution", "integrated_gradients")
@@ -51,12 +52,13 @@ def check_method(method: str, steps: int | None, verify_top: int | None) -> None
             raise ConfigError(f"study.verify_top: a number of cells (1 or more); got {verify_top!r}")
 
 
-def check_gradients(model: nn.Module, method: str) -> None:
-    """An estimate takes a backward pass: refused inside ``torch.inference_mode`` or on inference-mode weights."""
+def check_gradients(modules: list[nn.Module], method: str) -> None:
+    """An estimate takes a backward pass: refused inside ``torch.inference_mode`` or on inference-mode weights
+    (of ``modules``, every module of the model)."""
     if torch.is_inference_mode_enabled():
         raise ConfigError(f"study.method: {method} takes a backward pass, and this study runs inside"
                           " torch.inference_mode(); run it outside inference mode, or use method: patch")  # fmt: skip
-    if any(p.is_inference() for p in model.parameters()):
+    if any(p is not None and p.is_inference() for m in modules for p in m._parameters.values()):
         raise ConfigError(f"study.method: {method} takes a backward pass, and the model's weights were made under"
                           " torch.inference_mode() (inference tensors take no part in one); load the model outside"
                           " inference mode, or use method: patch")  # fmt: skip
@@ -157,8 +159,8 @@ def run_study(
         if flat:
             raise ConfigError(f"study.metrics: {flat[0]} has no gradient, so {method} cannot estimate it; use"
                               " logit_diff, prob, logit, loss or kl, or method: patch")  # fmt: skip
-        check_gradients(model, method)
         derived = derive(model, spec, grid_cells, seed, strict, safe)  # one plan per selection, not per cell
+        check_gradients(derived.modules, method)
         run = Run(
             model,
             derived.plans,
@@ -169,7 +171,7 @@ def run_study(
             batch_size or n,
             1,
             None,
-            Attribution(derived.sites, derived.edits, steps if method == "integrated_gradients" else None),
+            Attribution(derived.sites, EditedCells(derived.edits), steps if method == "integrated_gradients" else None),
         )
     progress = progress or Progress.fresh([m.name for m in bound], len(run.plans), n)
     rank, world = ranks or (0, 1)

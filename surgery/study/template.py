@@ -7,7 +7,7 @@ first cell is compiled with every check of ``compile_plan``, and the group's oth
 with their own index (parsed once per distinct text) and value (a number where the first cell's is one:
 the schema's checks read either only for being given, and attribution edits only set, patch, add, mul
 and zero). An index whose shape does not fit is reported by the attribution's own forward
-(``attribution.checked_estimate``), naming the cell, instead of by a probe forward.
+(``estimates.checked_estimate``), naming the cell, instead of by a probe forward.
 
 A grid where ``index`` or ``value`` is also rewritten by a site (``@heads`` with ``head:``) or is not a
 plain text/number in some cell has that cell compiled on its own: the same edits, the slower way.
@@ -24,8 +24,8 @@ from torch import nn
 from surgery.core.compiler import Plan, Shared, compile_plan
 from surgery.errors import ConfigError, SurgeryError
 from surgery.expr.parsing import compile_index
-from surgery.study.attribution import Edit, Key, Site, edits_of, sites_of
-from surgery.study.grid import fill, filler, placeholders
+from surgery.study.edits import Edit, Key, Site, edits_of, sites_of
+from surgery.study.grid import cell_text, fill, filler, placeholders
 
 FREE = ("index", "value")  # an action's fields a cell may change without a plan of its own
 
@@ -37,6 +37,7 @@ class Derived:
     sites: dict[Key, Site]
     edits: list[list[Edit]]
     plans: CellPlans
+    modules: list[nn.Module]  # every module of the model, walked once
 
 
 class CellPlans(Sequence[Plan]):
@@ -70,40 +71,44 @@ def compiled(model: nn.Module, spec: dict[str, Any], cell: dict[str, Any], optio
         raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
 
 
-def cell_text(cell: Mapping[str, Any]) -> str:
-    """A cell as its errors and reports name it: ``{layer: 0, pos: 3}``."""
-    return "{" + ", ".join(f"{k}: {v}" for k, v in cell.items()) + "}"
-
-
 def derive(model: nn.Module, spec: dict[str, Any], cells: list[dict[str, Any]], seed: int, strict: bool,
            safe: bool) -> Derived:  # fmt: skip
     """Each cell's edits from one plan per group of cells that differ only in ``index`` and ``value``."""
     options = {"seed": seed, "strict": strict, "safe": safe}
     shared, known = Shared(), dict[int, Plan]()
-    free, axes = _free_fields(spec)
+    free, axes, free_axes = _free_fields(spec)
     groups: dict[tuple[Any, ...], list[Edit]] = {}  # the structural values of a group -> its first cell's edits
+    changes: dict[tuple[Any, ...], Changes | None] = {}  # the free fields' values -> each action's new fields
     edits: list[list[Edit]] = []
     for i, cell in enumerate(cells):
-        key, where = tuple(cell[a] for a in axes), f"study cell {cell_text(cell)}"
+        key = tuple(cell[a] for a in axes)
         first = groups.get(key)
         if first is not None:
-            derived = _derived(first, free, cell, where)
-            if derived is not None:
-                edits.append(derived)
+            values = tuple(cell[a] for a in free_axes)
+            if values not in changes:
+                changes[values] = _changes(free, cell)
+            changed = changes[values]
+            if changed is not None:
+                edits.append([e._replace(cell=cell, **changed.get(e.action, {})) for e in first])
                 continue
         known[i] = compiled(model, spec, cell, options, shared)
-        edits.append(edits_of(known[i], where))
+        edits.append(edits_of(known[i], cell))
         if first is None and _free_kept(known[i], free, cell):
             groups[key] = edits[-1]
     sites = sites_of(list(known.values()))
-    return Derived(sites, edits, CellPlans(model, spec, cells, options, shared, known))
+    return Derived(sites, edits, CellPlans(model, spec, cells, options, shared, known), shared.index_of(model).modules)
 
 
-def _free_fields(spec: dict[str, Any]) -> tuple[dict[str, dict[str, Callable[[dict[str, Any]], Any]]], list[str]]:
-    """Per action, its FREE fields holding placeholders (each with its filler); and the variables anything else
-    names (the groups')."""
-    free: dict[str, dict[str, Callable[[dict[str, Any]], Any]]] = {}
+Fillers = dict[str, dict[str, Callable[[dict[str, Any]], Any]]]  # per action, its free fields' fillers
+Changes = dict[str, dict[str, Any]]  # per action, the Edit fields a cell's free values set
+
+
+def _free_fields(spec: dict[str, Any]) -> tuple[Fillers, list[str], list[str]]:
+    """Per action, its FREE fields holding placeholders (each with its filler); the variables anything else
+    names (the groups'); and the variables the free fields name."""
+    free: Fillers = {}
     axes: dict[str, None] = {}
+    free_axes: dict[str, None] = {}
     for name, node in spec.items():
         if not isinstance(node, Mapping):
             axes.update(dict.fromkeys(placeholders(node)))
@@ -112,14 +117,13 @@ def _free_fields(spec: dict[str, Any]) -> tuple[dict[str, dict[str, Callable[[di
             used = placeholders(value)
             if field in FREE and isinstance(value, str) and used:
                 free.setdefault(str(name), {})[str(field)] = filler(value)
+                free_axes.update(dict.fromkeys(used))
             else:
                 axes.update(dict.fromkeys(used))
-    return free, list(axes)
+    return free, list(axes), list(free_axes)
 
 
-def _free_kept(
-    plan: Plan, free: dict[str, dict[str, Callable[[dict[str, Any]], Any]]], cell: dict[str, Any]
-) -> bool:  # fmt: skip
+def _free_kept(plan: Plan, free: Fillers, cell: dict[str, Any]) -> bool:
     """Whether the plan's actions hold each free field as the cell gave it (no site rewrote it), so others may too."""
     specs = plan.specs or {}
     steps = {s.name: s for s in plan.steps}
@@ -142,15 +146,14 @@ def _plain(field: str, value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _derived(
-    first: list[Edit], free: dict[str, dict[str, Callable[[dict[str, Any]], Any]]], cell: dict[str, Any], where: str
-) -> list[Edit] | None:  # fmt: skip
-    """The group's first cell's edits with this cell's index and value; None: compile the cell on its own.
+def _changes(free: Fillers, cell: dict[str, Any]) -> Changes | None:
+    """Each action's Edit fields for this cell's index and value (shared by the cells giving the same free values);
+    None: compile the cell on its own.
 
-    The schema's checks read index and value only for being given, and this cell gives them as the first
-    did (a text, a number); the index is parsed (once per text) and must keep every example, as edits_of asks.
+    The schema's checks read index and value only for being given, and this cell gives them as its group's first
+    did (a text, a number); the index is parsed and must keep every example, as edits_of asks.
     """
-    changes: dict[str, dict[str, Any]] = {}
+    changes: Changes = {}
     for name, fields in free.items():
         given = {field: fills(cell) for field, fills in fields.items()}
         if not all(_plain(f, v) for f, v in given.items()):
@@ -166,4 +169,4 @@ def _derived(
             if cut and cut[0] != slice(None) and cut[0] is not Ellipsis:
                 return None
         changes[name] = given
-    return [e._replace(where=f"{where}: actions.{e.action}", **changes.get(e.action, {})) for e in first]
+    return changes
