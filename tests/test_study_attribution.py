@@ -166,3 +166,18 @@ def test_an_estimate_without_gradients_is_refused_before_running(tiny_lm) -> Non
         inside = surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, method="attribution")
     outside = surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, method="attribution")
     assert torch.equal(inside.values["logit_diff"], outside.values["logit_diff"])
+
+
+@pytest.mark.parametrize("method", ["attribution", "integrated_gradients"])
+def test_an_estimate_leaves_the_gradients_the_model_holds_as_they_were(tiny_lm, method) -> None:
+    """The study takes the sites' gradients alone (autograd.grad): a training loop's ``.grad`` survives it."""
+    model, clean, corrupt = tiny_lm
+    held = {name: torch.full_like(p, 0.5) for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        p.grad = held[name].clone()
+    try:
+        steps = 2 if method == "integrated_gradients" else None
+        surgery.study(model, PATCH, GRID, corrupt, METRICS[:1], source=clean, method=method, steps=steps)
+        assert all(torch.equal(p.grad, held[name]) for name, p in model.named_parameters())
+    finally:
+        model.zero_grad(set_to_none=True)

@@ -6,13 +6,17 @@ The 3-layer GPT-2 and the 3 × 13 layer × position residual-patching grid of sc
 (4 prompts of 13 tokens, clean and corrupted). Attribution estimates every cell of the grid from one
 clean forward and one forward + backward of the corrupted prompts.
 
-* ``hand AtP``: plain hooks: a clean pass caching every block's input, a corrupted pass whose pre-hooks
-  keep each block's input gradient (``retain_grad``), the backward of ``logit[3] - logit[4]``
-  summed over prompts, then ``(clean - corrupted)[:, pos] · grad[:, pos]`` per cell, plus the unmodified
-  metric. Checked allclose to the study's values first.
+* ``hand AtP``: plain hooks, as AtP is usually written: a clean pass caching every block's input, a
+  corrupted pass whose pre-hooks keep each block's input gradient (``retain_grad``), the ``backward()`` of
+  ``logit[3] - logit[4]`` summed over prompts (every weight's gradient too, cleared after), then
+  ``(clean - corrupted)[:, pos] · grad[:, pos]`` per cell, plus the unmodified metric. Checked allclose to
+  the study's values first.
+* ``hand AtP, autograd.grad``: the same, the gradients taken with ``torch.autograd.grad`` at the block inputs
+  only, as the study takes them (no weight gradients): the study's own fixed costs, against the same passes.
 * ``study AtP``: ``surgery.study(..., method="attribution")``.
-* ``forwards only``: the three passes AtP cannot avoid (clean; corrupted forward + backward), no hooks:
-  what share of a study's time is the model's own.
+* ``forwards only``: the passes AtP of these sites cannot avoid, no hooks or products: a clean forward, a
+  corrupted forward and the backward down to the first block's input: what share of a study's time is the
+  model's own.
 * ``one forward``: the corrupted prompts once without a gradient: the study's time in forwards.
 * ``planning the cells``: what the study does before running anything (``surgery.study.template.derive``: one
   plan per distinct selection, each cell's edits derived from it): its share of the study.
@@ -20,7 +24,8 @@ clean forward and one forward + backward of the corrupted prompts.
 * Integrated gradients: ``method="integrated_gradients"`` at 1, 2, 4 and 8 steps: seconds against steps
   (one forward + backward per edited site and step, so linear in steps).
 
-Target: study AtP / hand AtP ≤ 1.2. CPU time, torch on one thread, interleaved rounds.
+Target: study AtP / hand AtP ≤ 1.2 (reported too: against hand AtP by autograd.grad). CPU time, torch on one
+thread, interleaved rounds.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ TARGET = 1.2
 WIDE = 512  # the second model's hidden size: the same study where a forward costs more than the bookkeeping
 IG_STEPS = (1, 2, 4, 8)
 HAND, STUDY, FORWARDS, ONE, PLAN = "hand AtP", "study AtP", "forwards only", "one forward", "planning the cells"
+GRADS = "hand AtP, autograd.grad"  # the same by hand, taking only the activations' gradients as the study does
 
 
 def _diff(logits: Any) -> Any:
@@ -46,8 +52,12 @@ def _diff(logits: Any) -> Any:
     return z[:, CORRECT] - z[:, CORRECT + 1]
 
 
-def hand_atp(model: Any, clean: Any, corrupt: Any) -> Any:
-    """Every cell's AtP estimate plus the unmodified metric, ``[layers, positions, prompts]``, by plain hooks."""
+def hand_atp(model: Any, clean: Any, corrupt: Any, grads_only: bool = False) -> Any:
+    """Every cell's AtP estimate plus the unmodified metric, ``[layers, positions, prompts]``, by plain hooks.
+
+    As AtP is usually written, the metric's ``backward()`` with ``retain_grad`` on each block's input (which also
+    fills every weight's ``.grad``); with ``grads_only``, ``torch.autograd.grad`` at the block inputs alone.
+    """
     import torch
 
     blocks, cache, held = model.transformer.h, {}, {}
@@ -60,33 +70,47 @@ def hand_atp(model: Any, clean: Any, corrupt: Any) -> Any:
 
     def leaf(m: Any, a: tuple, k: dict, i: int) -> None:
         x = _hidden(a, k)  # the residual stream: computed from the embedding's weights, so it has a graph
-        x.retain_grad()
+        if not grads_only:
+            x.retain_grad()
         held[i] = x
 
     handles = [b.register_forward_pre_hook(lambda m, a, k, i=i: leaf(m, a, k, i), with_kwargs=True)
                for i, b in enumerate(blocks)]  # fmt: skip
     try:
         base = _diff(model(corrupt).logits)
-        base.sum().backward()
+        if grads_only:
+            grads = torch.autograd.grad(base.sum(), [held[i] for i in range(LAYERS)])
+        else:
+            base.sum().backward()
+            grads = [held[i].grad for i in range(LAYERS)]
     finally:
         for h in handles:
             h.remove()
-    model.zero_grad(set_to_none=True)
+    if not grads_only:
+        model.zero_grad(set_to_none=True)
     out = torch.empty(LAYERS, POSITIONS, PROMPTS, dtype=torch.float64)
     for layer in range(LAYERS):
         delta = (cache[layer] - held[layer].detach()).double()
-        out[layer] = base.detach() + (delta * held[layer].grad.double()).sum(-1).T
+        out[layer] = base.detach() + (delta * grads[layer].double()).sum(-1).T
     return out
 
 
 def forwards(model: Any, clean: Any, corrupt: Any) -> None:
-    """The passes any AtP needs, without hooks: a clean forward, a corrupted forward and backward."""
+    """The passes any AtP of these sites needs, without its hooks: a clean forward, a corrupted forward, and the
+    backward down to the first block's input (``torch.autograd.grad`` there: no weight gradients)."""
     import torch
 
     with torch.no_grad():
         model(clean)
-    _diff(model(corrupt).logits).sum().backward()
-    model.zero_grad(set_to_none=True)
+    first: dict[str, Any] = {}
+    handle = model.transformer.h[0].register_forward_pre_hook(
+        lambda m, a, k: first.__setitem__("x", _hidden(a, k)), with_kwargs=True
+    )
+    try:
+        metric = _diff(model(corrupt).logits).sum()
+    finally:
+        handle.remove()
+    torch.autograd.grad(metric, [first["x"]])
 
 
 def by_study(model: Any, clean: Any, corrupt: Any, method: str, steps: int | None = None) -> Any:
@@ -114,10 +138,17 @@ def wider() -> dict[str, Any]:
     torch.testing.assert_close(by_study(model, clean, corrupt, "attribution"), hand_atp(model, clean, corrupt),
                                rtol=1e-9, atol=1e-9)  # fmt: skip
     variants = [Variant(HAND, nothing, lambda: hand_atp(model, clean, corrupt)),
+                Variant(GRADS, nothing, lambda: hand_atp(model, clean, corrupt, grads_only=True)),
                 Variant(STUDY, nothing, lambda: by_study(model, clean, corrupt, "attribution"))]  # fmt: skip
     timing = interleave(variants, rounds=15, reps=2)
-    return {"width": WIDE, "times": {n: timing.median(n) for n in (HAND, STUDY)}, "ratio": timing.ratio(STUDY, HAND),
-            "quartiles": list(timing.spread(STUDY, HAND))}  # fmt: skip
+    return {
+        "width": WIDE,
+        "times": {n: timing.median(n) for n in (HAND, GRADS, STUDY)},
+        "ratio": timing.ratio(STUDY, HAND),
+        "quartiles": list(timing.spread(STUDY, HAND)),
+        "ratio_grads": timing.ratio(STUDY, GRADS),
+        "quartiles_grads": list(timing.spread(STUDY, GRADS)),
+    }
 
 
 def one_forward(model: Any, corrupt: Any) -> None:
@@ -162,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     model, clean, corrupt = setup()
     hand, study = hand_atp(model, clean, corrupt), by_study(model, clean, corrupt, "attribution")
     torch.testing.assert_close(study, hand, rtol=1e-9, atol=1e-9)  # the same estimate before anything is timed
+    torch.testing.assert_close(hand_atp(model, clean, corrupt, grads_only=True), hand, rtol=1e-9, atol=1e-9)
     variants = [
         Variant(HAND, nothing, lambda: hand_atp(model, clean, corrupt)),
+        Variant(GRADS, nothing, lambda: hand_atp(model, clean, corrupt, grads_only=True)),
         Variant(STUDY, nothing, lambda: by_study(model, clean, corrupt, "attribution")),
         Variant(FORWARDS, nothing, lambda: forwards(model, clean, corrupt)),
         Variant(ONE, nothing, lambda: one_forward(model, corrupt)),
@@ -188,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "machine": machine(),
         "cells": LAYERS * POSITIONS,
-        "times": {name: timing.median(name) for name in (HAND, STUDY, FORWARDS, ONE, PLAN)},
+        "times": {name: timing.median(name) for name in (HAND, GRADS, STUDY, FORWARDS, ONE, PLAN)},
+        "ratio_grads": timing.ratio(STUDY, GRADS),
+        "quartiles_grads": list(timing.spread(STUDY, GRADS)),
         "plan_share": timing.ratio(PLAN, STUDY),
         "in_forwards": timing.ratio(STUDY, ONE),
         "hand_in_forwards": timing.ratio(HAND, ONE),

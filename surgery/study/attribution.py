@@ -73,7 +73,7 @@ def _not_there(site: Site, e: Exception) -> ConfigError:
 
 
 def attribute_batch(
-    model: nn.Module, sites: dict[Key, Site], cells: EditedCells, run: Callable[[], Any],
+    sites: dict[Key, Site], cells: EditedCells, run: Callable[[], Any],
     run_source: Callable[[], Any] | None, score: Callable[[Any], torch.Tensor], steps: int | None,
     outputs: dict[str, Any] | None = None,
 ) -> torch.Tensor:  # fmt: skip
@@ -94,43 +94,50 @@ def attribute_batch(
         finally:
             for handle in handles:
                 handle.remove()
-    main, grad = _gradients(model, sites, run, score)
+    main, grad = _gradients(sites, run, score)
     if steps is not None:  # integrated gradients: each edited site's gradient along the way to the source
         if run_source is None:
             raise ConfigError("study.method: integrated_gradients interpolates towards the source run; give a source")
         for key in {e.site for cell in cells.edits for e in cell}:
-            grad[key] = _integrated(model, sites, key, run, score, main[key].detach(), source[key], steps)
+            grad[key] = _integrated(sites, key, run, score, main[key].detach(), source[key], steps)
     return cells.estimates(main, grad, source)
 
 
 def _gradients(
-    model: nn.Module, sites: dict[Key, Site], run: Callable[[], Any], score: Callable[[Any], torch.Tensor],
+    sites: dict[Key, Site], run: Callable[[], Any], score: Callable[[Any], torch.Tensor],
 ) -> tuple[dict[Key, torch.Tensor], dict[Key, torch.Tensor]]:  # fmt: skip
     """One forward and backward of the unmodified model: each site's tensor and the metric's gradient there."""
     main: dict[Key, torch.Tensor] = {}
 
     def keep(key: Key, value: torch.Tensor) -> torch.Tensor:
         if value.requires_grad:
-            value.retain_grad()
             return value
         return value.detach().requires_grad_(value.is_floating_point())
 
-    _backward(model, record(sites, main, keep), run, score)
-    grad = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in main.items()}
-    return main, grad
+    return main, _backward(record(sites, main, keep), run, score, main)
 
 
 def _backward(
-    model: nn.Module, handles: list[Any], run: Callable[[], Any], score: Callable[[Any], torch.Tensor]
-) -> None:
-    """One forward with ``handles``' hooks and the backward of the metric's sum; hooks removed, no gradient kept."""
+    handles: list[Any], run: Callable[[], Any], score: Callable[[Any], torch.Tensor], at: dict[Key, torch.Tensor]
+) -> dict[Key, torch.Tensor]:
+    """One forward with ``handles``' hooks, then the gradient of the metric's sum at each tensor of ``at`` (filled
+    by the hooks), zero where it does not reach; hooks removed.
+
+    Only these gradients are computed (``torch.autograd.grad``): not the weights', so the backward skips their
+    products, and any gradient the model's parameters hold is left as it was.
+    """
     try:
         with torch.enable_grad():
-            score(run()).sum().backward()
+            total = score(run()).sum()
     finally:
         for handle in handles:
             handle.remove()
-    model.zero_grad(set_to_none=True)
+    keys = [k for k, v in at.items() if v.requires_grad]
+    found: tuple[torch.Tensor | None, ...] = ()
+    if keys and total.requires_grad:
+        found = torch.autograd.grad(total, [at[k] for k in keys], allow_unused=True)
+    grad = dict(zip(keys, found, strict=False))
+    return {k: g if (g := grad.get(k)) is not None else torch.zeros_like(v) for k, v in at.items()}
 
 
 def _at_point(point: torch.Tensor, key: Key, value: torch.Tensor) -> torch.Tensor:
@@ -138,7 +145,7 @@ def _at_point(point: torch.Tensor, key: Key, value: torch.Tensor) -> torch.Tenso
 
 
 def _integrated(
-    model: nn.Module, sites: dict[Key, Site], key: Key, run: Callable[[], Any], score: Callable[[Any], torch.Tensor],
+    sites: dict[Key, Site], key: Key, run: Callable[[], Any], score: Callable[[Any], torch.Tensor],
     main: torch.Tensor, source: torch.Tensor, steps: int,
 ) -> torch.Tensor:  # fmt: skip
     """The metric's gradient at ``key`` averaged over ``steps`` midpoints from the main to the source activation."""
@@ -147,7 +154,7 @@ def _integrated(
         alpha = (k + 0.5) / steps
         point = (main + alpha * (source.to(main.dtype).expand(main.shape) - main)).requires_grad_(True)
         held: dict[Key, torch.Tensor] = {}
-        _backward(model, record({key: sites[key]}, held, partial(_at_point, point)), run, score)
-        if point.grad is not None:
-            total += point.grad.double()
+        grad = _backward(record({key: sites[key]}, held, partial(_at_point, point)), run, score, held)
+        if key in held:
+            total += grad[key].double()
     return (total / steps).to(main.dtype)

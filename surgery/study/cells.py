@@ -118,7 +118,7 @@ class Run:
         for n, metric in enumerate(self.bound):
             held: dict[str, Any] = {}
             estimates = attribute_batch(
-                self.model, self.attribution.sites, self.attribution.cells, partial(batch.run, self.model), run_source,
+                self.attribution.sites, self.attribution.cells, partial(batch.run, self.model), run_source,
                 partial(_scored, metric, y, held), self.attribution.steps, held,
             )  # fmt: skip
             if n == 0:  # the metric differentiated is the pass's own value; the others scored on its output
