@@ -3,8 +3,9 @@
 ``python -m scripts.bench`` calls this in the bench venv (``.venv-bench``, with the peer tools);
 ``--quick`` is a smoke run on tiny sizes that writes to ``.venv-bench/results-quick`` and leaves
 BENCHMARKS.md alone unless ``--out`` says otherwise; ``--render`` rewrites BENCHMARKS.md from
-the last full results without running anything; ``--only NAME --merge`` runs one benchmark and
-rewrites only its part of BENCHMARKS.md (scripts/bench/report/merge.py).
+the last full results without running anything (refused, as is a run of ``--only`` some, while a
+benchmark has no results here: its measured section would read "Not run."); ``--only NAME --merge``
+runs one benchmark and rewrites only its part of BENCHMARKS.md (scripts/bench/report/merge.py).
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         + y_md
         + u_md
         + a_md
+        + v_md
+        + h_md
+        + z_md
     )
     return "\n".join(lines).rstrip() + "\n"
 
@@ -217,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.only.split(","):
             text = merge(text, load(results, name), name)
     else:
+        missing = [name for name in BENCHES if load(results, name) is None]
+        if missing and not args.quick and not args.out:  # their measured sections would read "Not run."
+            print(f"BENCHMARKS.md left as it is: no results here for {', '.join(missing)}. Run them too,"
+                  " rewrite only what ran with --only NAME --merge, or write elsewhere with --out",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         text = render(results, status, args.quick)
     if out is not None:
         out.write_text(text)
