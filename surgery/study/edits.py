@@ -35,8 +35,7 @@ class Edit(NamedTuple):
     @property
     def where(self) -> str:
         """``study cell {layer: 0, pos: 3}: actions.patch``, for a shape that does not fit."""
-        cell = self.cell if isinstance(self.cell, str) else f"study cell {cell_text(self.cell)}"
-        return f"{cell}: actions.{self.action}"
+        return f"{_named(self.cell)}: actions.{self.action}"
 
 
 @dataclass
@@ -50,9 +49,14 @@ class Site:
     where: str = ""  # the first action reading it: "actions.patch"
 
 
+def _named(cell: Mapping[str, Any] | str) -> str:
+    """``study cell {layer: 0, pos: 3}`` for a grid cell; a text as it is."""
+    return cell if isinstance(cell, str) else f"study cell {cell_text(cell)}"
+
+
 def edits_of(plan: Plan, cell: Mapping[str, Any] | str) -> list[Edit]:
     """The changes one cell makes, each a site an attribution can read; anything else is refused."""
-    named = cell if isinstance(cell, str) else f"study cell {cell_text(cell)}"
+    named = _named(cell)
     edits = []
     for step in plan.steps:
         if not step.enabled or step.traits.observes:

@@ -23,7 +23,7 @@ from surgery.study.edits import Edit, Key
 Tensors = dict[Key, torch.Tensor]
 
 
-Index = slice | torch.Tensor  # a run of cells or positions as a slice where it is one (a basic index: cheaper)
+Index = slice | torch.Tensor  # a run of positions as a slice where it is one (a basic index: cheaper)
 
 
 class Gather(NamedTuple):
@@ -31,7 +31,7 @@ class Gather(NamedTuple):
 
     edit: Edit  # the first cell's: the site, source and heads every cell of the gather shares
     cells: list[int]
-    leads: tuple[Index, ...]  # per leading dim, every cell's position there
+    leads: tuple[Index, ...]  # per leading dim, every cell's position there (one dim: a slice where it is a run)
     bounds: tuple[tuple[int, int], ...]  # per leading dim, the smallest and largest position
 
 
@@ -60,8 +60,8 @@ class EditedCells:
         self.gathers = []
         for edit, cells, leads in groups.values():
             dims = list(zip(*leads, strict=True))
-            self.gathers.append(Gather(edit, cells, tuple(_index(d) for d in dims),
-                                       tuple((min(d), max(d)) for d in dims)))  # fmt: skip
+            leads_by_dim = (_index(dims[0]),) if len(dims) == 1 else tuple(torch.tensor(d) for d in dims)
+            self.gathers.append(Gather(edit, cells, leads_by_dim, tuple((min(d), max(d)) for d in dims)))
 
     def estimates(self, main: Tensors, grad: Tensors, source: Tensors) -> torch.Tensor:
         """Every cell's estimate, ``[cells, examples]`` (float64)."""
@@ -118,11 +118,7 @@ def _gathered(
     if not all(-size <= low and high < size for (low, high), size in zip(gather.bounds, product.shape[1:])):
         return None
     summed = product.flatten(dims + 1).sum(-1)
-    if dims == 1 and isinstance(gather.leads[0], slice):
-        return summed[:, gather.leads[0]].T
     leads = [i if isinstance(i, slice) else i.to(summed.device) for i in gather.leads]
-    if any(isinstance(i, slice) for i in leads):  # one dim a run, another not: every dim as an index tensor
-        leads = [torch.arange(summed.shape[d + 1])[i] if isinstance(i, slice) else i for d, i in enumerate(leads)]
     return summed[(slice(None), *leads)].T
 
 

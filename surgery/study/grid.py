@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from surgery.errors import ConfigError
+from surgery.errors import ConfigError, SurgeryError
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
@@ -108,6 +109,15 @@ def check_uses(grid: Mapping[str, list], actions: Any, where: str = "actions") -
 def cell_text(cell: Mapping[str, Any]) -> str:
     """A cell as its errors and reports name it: ``{layer: 0, pos: 3}``."""
     return "{" + ", ".join(f"{k}: {v}" for k, v in cell.items()) + "}"
+
+
+@contextmanager
+def naming(cell: Mapping[str, Any]) -> Iterator[None]:
+    """A SurgeryError raised inside, again with the cell in front: ``study cell {layer: 0, pos: 3}: ...``."""
+    try:
+        yield
+    except SurgeryError as e:
+        raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
 
 
 def fill(node: Any, cell: Mapping[str, Any]) -> Any:

@@ -19,7 +19,7 @@ from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
 from surgery.study.cells import Attribution, Run
 from surgery.study.estimates import EditedCells
-from surgery.study.grid import cell_text, cells, check_uses, fill, parse_grid
+from surgery.study.grid import cells, check_uses, fill, naming, parse_grid
 from surgery.study.inputs import Inputs
 from surgery.study.metrics import PerExample, parse_metrics
 from surgery.study.result import StudyResult
@@ -81,10 +81,8 @@ def plan_cells(
     for i, cell in enumerate(grid_cells):
         node = fill(actions, cell)
         node = node if k == 1 else restricted(node, i % k, k)
-        try:
+        with naming(cell):
             plans.append(compile_plan(model, node, seed=seed, strict=strict, safe=safe, shared=shared))
-        except SurgeryError as e:
-            raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
         if i and not any(step.replaced for step in plans[-1].steps):
             plans[-1].index = None  # the model's own module index, rebuilt if ever read: memory stays flat in cells
         filled.append(node)
@@ -97,10 +95,8 @@ def probe_cells(model: nn.Module, plans: list[Plan], grid_cells: list[dict[str, 
         check_before_apply(model, [s for p in plans for s in p.steps], inputs.args, 1, inputs.kwargs)
     except SurgeryError:
         for plan, cell in zip(plans, grid_cells, strict=True):
-            try:
+            with naming(cell):
                 check_before_apply(model, plan.steps, inputs.args, 1, inputs.kwargs)
-            except SurgeryError as e:
-                raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
         raise
 
 

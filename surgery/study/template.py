@@ -22,10 +22,10 @@ from typing import Any
 from torch import nn
 
 from surgery.core.compiler import Plan, Shared, compile_plan
-from surgery.errors import ConfigError, SurgeryError
+from surgery.errors import ConfigError
 from surgery.expr.parsing import compile_index
 from surgery.study.edits import Edit, Key, Site, edits_of, sites_of
-from surgery.study.grid import cell_text, fill, filler, placeholders
+from surgery.study.grid import fill, filler, naming, placeholders
 
 FREE = ("index", "value")  # an action's fields a cell may change without a plan of its own
 
@@ -65,10 +65,8 @@ class CellPlans(Sequence[Plan]):
 def compiled(model: nn.Module, spec: dict[str, Any], cell: dict[str, Any], options: dict[str, Any],
              shared: Shared) -> Plan:  # fmt: skip
     """One cell's plan (placeholders filled), a failure naming the cell."""
-    try:
+    with naming(cell):
         return compile_plan(model, fill(spec, cell), shared=shared, **options)
-    except SurgeryError as e:
-        raise type(e)(f"study cell {cell_text(cell)}: {e}") from None
 
 
 def derive(model: nn.Module, spec: dict[str, Any], cells: list[dict[str, Any]], seed: int, strict: bool,
