@@ -24,9 +24,9 @@ from omegaconf import OmegaConf
 
 from surgery.app import hydra_hooks
 from surgery.app.hydra_hooks import check_composed, printable
-from surgery.app.interpolations import check_interpolations
-from surgery.app.safe_hydra import check_sweep_size
-from surgery.app.safe_logging import check_log_files
+from surgery.safe.interpolations import check_interpolations
+from surgery.safe.hydra_tree import check_sweep_size
+from surgery.safe.logging_tree import check_log_files
 from surgery.core.paths import config_dir
 from surgery.errors import ConfigError
 
@@ -240,7 +240,7 @@ def test_what_safe_mode_admits_in_the_hydra_tree(name: str) -> None:
 
 
 def test_a_search_path_entry_is_a_directory() -> None:
-    from surgery.app.safe_hydra import check_search_entry
+    from surgery.safe.hydra_tree import check_search_entry
 
     check_search_entry("file:///tmp/conf", "hydra.searchpath[0]")
     check_search_entry("/tmp/conf", "hydra.searchpath[0]")

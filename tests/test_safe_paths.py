@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from surgery.app.safe_paths import check_config_paths
+from surgery.safe.config_paths import check_config_paths
 from surgery.errors import ConfigError
 from tests.test_cli import cli
 

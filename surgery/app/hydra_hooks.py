@@ -4,7 +4,7 @@ Hydra has no hook between composing a config and acting on it (building ``hydra.
 launchers and sweepers, configuring logging, setting ``env_set``), nor for its own error messages, so
 these wrap the few Hydra functions involved. After every composition (:func:`check_composed`):
 interpolation loops and sizes for everyone, and under ``safe=true`` resolvers and the ``hydra.*``
-allowlist (``safe_hydra.py``, ``safe_logging.py``; docs/sharing.md); a ``pkg://`` search path is
+allowlist (``surgery/safe/hydra_tree.py``, ``surgery/safe/logging_tree.py``; docs/sharing.md); a ``pkg://`` search path is
 refused before Hydra reads it. Each wrapper refuses with one ``error: ...`` line (control characters
 escaped) and exit 2; a sweep job that failed in another process (submitit) exits 2 with its own error
 line, or 1 when it failed unexpectedly.
@@ -60,7 +60,7 @@ def safe_in(config: Any) -> bool:
 
 def check_logging(config: DictConfig) -> None:
     """Under safe mode, refuse a logging config that could run code or write outside the run directory."""
-    from surgery.app.safe_logging import check_logging as check
+    from surgery.safe.logging_tree import check_logging as check
 
     check(config)
 
@@ -70,9 +70,9 @@ def check_composed(config: DictConfig, overrides: list[str], multirun: bool) -> 
 
     Runs before anything resolves a value or Hydra acts on its node (docs/sharing.md).
     """
-    from surgery.app.interpolations import check_interpolations
-    from surgery.app.safe_hydra import check_hydra, check_sweep_size
-    from surgery.app.safe_logging import check_formats
+    from surgery.safe.interpolations import check_interpolations
+    from surgery.safe.hydra_tree import check_hydra, check_sweep_size
+    from surgery.safe.logging_tree import check_formats
 
     safe = safe_in(config)
     check_interpolations(OmegaConf.to_container(config, resolve=False, enum_to_str=True), safe)
@@ -103,7 +103,7 @@ def _guard_configure(configure: Any) -> Any:
 
 
 def _check_resolved_logging(log_config: DictConfig, where: str) -> None:
-    from surgery.app.safe_logging import check_log_files, check_log_node
+    from surgery.safe.logging_tree import check_log_files, check_log_node
 
     try:
         resolved = OmegaConf.to_container(log_config, resolve=True)
@@ -122,7 +122,7 @@ def _searchpath_first(self: Any, load: Any, config_name: Any, overrides: list[st
     Whether the run is safe is read from a composition without those entries; where that cannot be
     composed, from the command line and the primary config.
     """
-    from surgery.app.safe_hydra import check_search_entry
+    from surgery.safe.hydra_tree import check_search_entry
 
     typed = [o for o in overrides if o.partition("=")[0].lstrip("+") == "hydra.searchpath"]
     entries = _search_entries(self, config_name, typed)
@@ -373,7 +373,7 @@ def install() -> None:
     import hydra._internal.utils as hydra_utils
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    from surgery.app import yaml_guard
+    from surgery.safe import yaml_guard
 
     yaml_guard.install()  # YAML alias bombs and deep nesting refused as each file is read
     if getattr(ConfigLoaderImpl.load_configuration, "surgery_hook", False):

@@ -152,10 +152,10 @@ def environment_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def untrusted(cfg: DictConfig) -> DictConfig:
     """The saved config as replay runs it without ``--trust``: checked as safe mode checks a composed config, and
     with ``safe: true`` whatever the file says."""
-    from surgery.app.interpolations import check_interpolations
+    from surgery.safe.interpolations import check_interpolations
 
     check_interpolations(OmegaConf.to_container(cfg, resolve=False), safe=True)
-    from surgery.app.safe_paths import check_config_paths
+    from surgery.safe.config_paths import check_config_paths
 
     check_config_paths(OmegaConf.to_container(cfg, resolve=False), set(), hint="; replay --trust runs it as saved")
     forced = cfg.copy()

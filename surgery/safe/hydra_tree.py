@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from surgery.app.safe_logging import check_log, refused, resolved
+from surgery.safe.logging_tree import check_log, refused, resolved
 from surgery.errors import ConfigError
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -161,7 +161,7 @@ def check_hydra(config: DictConfig, overrides: list[str], multirun: bool) -> Non
             check(config, where, typed)
     if multirun:
         check_sweep_size(config, overrides)
-    from surgery.app.safe_paths import check_config_paths
+    from surgery.safe.config_paths import check_config_paths
 
     check_config_paths(OmegaConf.to_container(config, resolve=False), typed)
 
