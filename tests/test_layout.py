@@ -15,7 +15,14 @@ FORBIDDEN = {
     "expr": ("surgery.core", "surgery.actions", *UPPER),
     "core": ("surgery.actions", *UPPER),  # kinds register into core.steps.KINDS; the compiler imports none
     "actions": ("surgery.core.engine", "surgery.core.compiler", *UPPER),
-    "files": ("surgery.actions", "surgery.expr", "surgery.core.engine", "surgery.core.compiler", "surgery.safe", *UPPER),
+    "files": (
+        "surgery.actions",
+        "surgery.expr",
+        "surgery.core.engine",
+        "surgery.core.compiler",
+        "surgery.safe",
+        *UPPER,
+    ),
     "safe": ("surgery.actions", "surgery.core.engine", "surgery.core.compiler", *UPPER),
 }
 

@@ -24,11 +24,11 @@ from omegaconf import OmegaConf
 
 from surgery.app import hydra_hooks
 from surgery.app.hydra_hooks import check_composed, printable
-from surgery.safe.interpolations import check_interpolations
-from surgery.safe.hydra_tree import check_sweep_size
-from surgery.safe.logging_tree import check_log_files
 from surgery.core.paths import config_dir
 from surgery.errors import ConfigError
+from surgery.safe.hydra_tree import check_sweep_size
+from surgery.safe.interpolations import check_interpolations
+from surgery.safe.logging_tree import check_log_files
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:provider=hydra.searchpath:UserWarning")  # pkg://evil: never read

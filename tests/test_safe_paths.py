@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from surgery.safe.config_paths import check_config_paths
 from surgery.errors import ConfigError
+from surgery.safe.config_paths import check_config_paths
 from tests.test_cli import cli
 
 ESCAPES = [

@@ -4,7 +4,7 @@ Hydra has no hook between composing a config and acting on it (building ``hydra.
 launchers and sweepers, configuring logging, setting ``env_set``), nor for its own error messages, so
 these wrap the few Hydra functions involved. After every composition (:func:`check_composed`):
 interpolation loops and sizes for everyone, and under ``safe=true`` resolvers and the ``hydra.*``
-allowlist (``surgery/safe/hydra_tree.py``, ``surgery/safe/logging_tree.py``; docs/sharing.md); a ``pkg://`` search path is
+allowlist (``surgery/safe/hydra_tree.py``, ``logging_tree.py``; docs/sharing.md); a ``pkg://`` search path is
 refused before Hydra reads it. Each wrapper refuses with one ``error: ...`` line (control characters
 escaped) and exit 2; a sweep job that failed in another process (submitit) exits 2 with its own error
 line, or 1 when it failed unexpectedly.
@@ -70,8 +70,8 @@ def check_composed(config: DictConfig, overrides: list[str], multirun: bool) -> 
 
     Runs before anything resolves a value or Hydra acts on its node (docs/sharing.md).
     """
-    from surgery.safe.interpolations import check_interpolations
     from surgery.safe.hydra_tree import check_hydra, check_sweep_size
+    from surgery.safe.interpolations import check_interpolations
     from surgery.safe.logging_tree import check_formats
 
     safe = safe_in(config)

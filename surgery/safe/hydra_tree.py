@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from surgery.safe.logging_tree import check_log, refused, resolved
 from surgery.errors import ConfigError
+from surgery.safe.logging_tree import check_log, refused, resolved
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 SLURM_WORD = re.compile(r"[\w.,:=@%+-]*")  # written into an sbatch script: no spaces, quotes or newlines
