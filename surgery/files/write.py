@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from surgery.core.limits import charge_disk, check_disk, written
+from surgery.files.gate import writable
 
 SAFETENSORS_ENTRY_BYTES = 128  # a generous bound on one tensor's entry in the safetensors JSON header
 
@@ -32,7 +33,7 @@ def write_atomic(
     where = key or path.name
     if nbytes is not None:
         charge_disk(nbytes, where)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = writable(path, where)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -61,6 +62,21 @@ def _umask() -> int:
 def write_text(path: Path, text: str, key: str | None = None) -> None:
     """Atomically write UTF-8 text, its size charged first."""
     write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), len(text.encode("utf-8")), key)
+
+
+def write_bytes(path: Path, data: bytes, key: str | None = None) -> None:
+    """Atomically write bytes, their size charged first."""
+    write_atomic(path, lambda p: p.write_bytes(data), len(data), key)
+
+
+def write_figure(path: Path, figure: Any, key: str | None = None, dpi: int | None = None) -> None:
+    """Atomically write a matplotlib figure as PNG, its size charged before the rename."""
+    write_atomic(path, lambda p: figure.savefig(p, format="png", dpi=dpi), None, key)
+
+
+def make_dir(path: Path, key: str) -> Path:
+    """A folder in the run directory (made if missing), refused if it or a folder above it is a symlink."""
+    return writable(Path(path, ".keep"), key).parent
 
 
 def write_json(path: Path, data: Any, key: str | None = None) -> None:
