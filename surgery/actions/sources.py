@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,16 +55,16 @@ COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
     """The captured tensor ``source['key']`` of ``source['file']`` (a captures.safetensors)."""
-    from safetensors import safe_open
-
     from surgery.core.limits import check_memory
+    from surgery.files.gate import config_path
+    from surgery.files.libraries import safetensors_reader
     from surgery.files.tensors import SAFETENSORS_DTYPE_BYTES
 
-    path = Path(str(source["file"]))
+    path = config_path(str(source["file"]), f"{where}.file")
     if not path.is_file():
         raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safetensors_reader(path, f"{where}.file") as f:
             keys = list(f.keys())
             key = str(source["key"])
             if key not in keys:

@@ -7,7 +7,6 @@ Exit codes: 0 success; 2 a bad config or input (one message, no traceback unless
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -139,25 +138,24 @@ def _user_options(group: str) -> list[str]:
 
 def _remove_run_dir(out_dir: Path) -> None:
     """Remove a run directory that holds only what Hydra wrote on its own, and its emptied parents up to cwd."""
+    from surgery.files import gate
+
     ours = {".hydra", "surgery.log"}
-    if not out_dir.is_dir() or not {p.name for p in out_dir.iterdir()} <= ours:
+    if not out_dir.is_dir() or not set(gate.listing(out_dir, "hydra.run.dir")) <= ours:
         return
-    shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
-    (out_dir / "surgery.log").unlink(missing_ok=True)
+    gate.remove_tree(out_dir / ".hydra")
+    gate.remove_file(out_dir / "surgery.log")
     cwd = Path.cwd().resolve()
     for directory in [out_dir.resolve(), *out_dir.resolve().parents]:
-        if directory == cwd or cwd not in directory.parents:
-            break
-        try:
-            directory.rmdir()  # only when empty
-        except OSError:
+        if directory == cwd or cwd not in directory.parents or not gate.remove_empty_dir(directory):
             break
 
 
 def _reader_left() -> None:
     """The reader of our output left (``| head``): point stdout at devnull so the exit flush says nothing; exit 0."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    from surgery.files.gate import null_output
+
+    null_output(sys.stdout.fileno())
     sys.exit(0)
 
 

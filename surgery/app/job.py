@@ -25,6 +25,7 @@ from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
+from surgery.files.gate import listing
 from surgery.files.write import expect_disk, write_json, write_tensors
 
 
@@ -219,7 +220,9 @@ def surgered_run(
 
         splice_found = splice_report(model, job.plan, job.remake, job.splice_metrics, text)
     plan = [{**step, "hooks": hooks.get(step["action"], 0)} for step in job.plan.to_dict()]
-    shards = sorted(p.name for p in (out_dir / "captures").glob("*.safetensors"))
+    shards = [
+        name for name in listing(out_dir / "captures", "captures", missing_ok=True) if name.endswith(".safetensors")
+    ]
     body = {
         "plan": plan,
         "model": {

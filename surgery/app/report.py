@@ -106,12 +106,14 @@ def environment(device: str) -> dict[str, str]:
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    from surgery.errors import ConfigError
+    from surgery.files.gate import read_text
+
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
+        for line in read_text("/proc/cpuinfo", "report.machine").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except ConfigError:
         pass
     return platform.processor() or platform.machine() or "unknown"
 

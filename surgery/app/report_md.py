@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from surgery.files.write import write_atomic
+from surgery.files.write import write_text
 
 SHOWN_NAMES = 4  # matched names listed per plan row before "… (+N more)"
 SHORT_HASH = 12
@@ -37,7 +37,7 @@ def write_report_md(report: Mapping[str, Any], out_dir: Path, images: Iterable[P
     """
     path = out_dir / "report.md"
     text = render_report_md(report, out_dir, images)
-    write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
+    write_text(path, text, "report.md")
     return path
 
 
@@ -226,10 +226,10 @@ def _captures(captures: Any, out_dir: Path) -> str:
 
 def _capture_table(path: Path) -> str:
     """Key, shape and (for tensors of a few elements) the values, read lazily from a safetensors file."""
-    from safetensors import safe_open
+    from surgery.files.libraries import safetensors_reader
 
     rows = [["key", "shape", "dtype", "values"]]
-    with safe_open(str(path), framework="pt") as f:
+    with safetensors_reader(path, "report.md") as f:
         keys = list(f.keys())
         for key in keys[:SHOWN_CAPTURES]:
             part = f.get_slice(key)

@@ -76,7 +76,6 @@ class Surgery:
         from surgery.files.write import write_tensors
 
         tensors = self.added_state_dict()
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_tensors(Path(path), tensors, "save_added")
 
     def take_streamed(self) -> dict[str, torch.Tensor]:

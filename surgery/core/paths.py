@@ -15,4 +15,6 @@ def config_dir() -> Path:
 
 def group_options(group: str) -> list[str]:
     """The option names of a config group (file stems of ``conf/GROUP/*.yaml``)."""
-    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+    from surgery.files.gate import listing
+
+    return sorted(name.removesuffix(".yaml") for name in listing(config_dir() / group, group) if name.endswith(".yaml"))

@@ -20,8 +20,10 @@ from torch.utils.data import Dataset
 
 from surgery.core.limits import check_memory
 from surgery.errors import ConfigError
+from surgery.files.gate import read_bytes
 from surgery.files.images import decode_image, open_image_bytes
-from surgery.files.paths import inside, must_be_file, read_failure, read_json_object
+from surgery.files.libraries import load_datasets_dir
+from surgery.files.paths import inside, must_be_file, read_json_object
 
 
 def check_directory(path: Path, split: bool = False) -> None:
@@ -53,18 +55,13 @@ class HFRows(Dataset):
         process: Callable[[Any], torch.Tensor] | None = None,
     ) -> None:
         try:
-            from datasets import DatasetDict, Image, load_from_disk
+            from datasets import DatasetDict, Image
         except ImportError:
             raise ConfigError("input.path: a datasets directory needs `pip install datasets`") from None
         from surgery.data.sources import check_keys
 
         check_directory(path)
-        try:
-            data = load_from_disk(str(path))
-        except (OSError, ValueError, KeyError, TypeError) as e:  # a directory whose JSON does not match its files
-            raise ConfigError(
-                f"input.path: cannot read {str(path)!r} as a datasets directory ({read_failure(e)})"
-            ) from None
+        data = load_datasets_dir(path, "input.path")
         if isinstance(data, DatasetDict):
             if split not in data:
                 raise ConfigError(f"input.split: {str(path)!r} has splits {', '.join(data)}, not {split!r}")
@@ -138,7 +135,7 @@ class HFRows(Dataset):
         if not file.is_file():
             raise ConfigError(f"input.path: {where} names {cell['path']!r}, which is not a file")
         check_memory(file.stat().st_size, "input.path", f"the image file {str(file)!r}")
-        return file.read_bytes()
+        return read_bytes(file, "input.path", cap=None)
 
 
 def _decoded(feature: Any) -> str | None:

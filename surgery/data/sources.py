@@ -10,7 +10,6 @@ checked before it is read (``surgery/files``), a batch's decoded size is checked
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,7 +22,9 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from surgery.core.limits import check_memory
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
+from surgery.files.gate import listing
 from surgery.files.images import open_png, png_decoded_bytes, read_png
+from surgery.files.libraries import gzip_text, safetensors_reader
 from surgery.files.paths import inside, must_be_file
 from surgery.files.tensors import (
     SAFETENSORS_DTYPE_BYTES,
@@ -58,7 +59,7 @@ def bundled_digits() -> tuple[torch.Tensor, torch.Tensor]:
         if path.is_file():
             import numpy as np  # already loaded by torch
 
-            with gzip.open(path, "rt", encoding="utf-8") as f:
+            with gzip_text(path, "input.source") as f:
                 rows = torch.from_numpy(np.loadtxt(f, delimiter=","))  # what load_digits runs on the same file
             return rows[:, :-1].float().div_(16.0).reshape(-1, 1, 8, 8), rows[:, -1].long()
     from sklearn.datasets import load_digits
@@ -99,16 +100,16 @@ class ImageFolder(Dataset):
 
     def __init__(self, root: Path, process: Callable[[Any], torch.Tensor] | None = None) -> None:
         self.process = process  # PIL image → [C, H, W], e.g. a vision model's processor (surgery.vision); None: [0, 1]
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        classes = [name for name in listing(root, "input.path") if (root / name).is_dir()]
         if not classes:
             raise ConfigError(f"input.path: {str(root)!r} has no class sub-folders (e.g. {root}/0/a.png, {root}/1/...)")
         self.classes = classes
         where = f"the image folder {str(root)!r}"
         self.files = [
-            (inside(Path(name, f.name), root, "input.path", where), label)
+            (inside(Path(name, file), root, "input.path", where), label)
             for label, name in enumerate(classes)
-            for f in sorted(inside(name, root, "input.path", where).iterdir())
-            if f.suffix.lower() in IMAGE_SUFFIXES
+            for file in listing(inside(name, root, "input.path", where), "input.path")
+            if Path(file).suffix.lower() in IMAGE_SUFFIXES
         ]
         if not self.files:
             raise ConfigError(f"input.path: {str(root)!r} holds no .png images in its class sub-folders")
@@ -146,11 +147,9 @@ class SafetensorsRows(Dataset):
     """Rows of two arrays of a .safetensors file, read a batch at a time (never the whole file)."""
 
     def __init__(self, path: Path, x_key: str, y_key: str | None) -> None:
-        from safetensors import safe_open
-
         self.path, self.x_key, self.y_key = str(path), x_key, y_key
         safetensors_bytes(path, "input.path")  # the header fits the file (a batch is checked when read)
-        with safe_open(self.path, framework="pt") as f:
+        with safetensors_reader(self.path, "input.path") as f:
             keys = list(f.keys())  # noqa: SIM118 - not a dict
             check_keys(path, keys, x_key, y_key)
             self.length = f.get_slice(x_key).get_shape()[0]
@@ -165,11 +164,9 @@ class SafetensorsRows(Dataset):
         return self.__getitems__([i])[0]
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
-        from safetensors import safe_open
-
         lo, hi = min(indices), max(indices) + 1
         check_memory(2 * (hi - lo) * self.row_bytes, "input.batch_size", f"rows {lo}..{hi - 1} of {self.path!r}")
-        with safe_open(self.path, framework="pt") as f:
+        with safetensors_reader(self.path, "input.path") as f:
             xs = owned(f.get_slice(self.x_key)[lo:hi])
             ys = owned(f.get_slice(self.y_key)[lo:hi]) if self.y_key else None
         return [(xs[i - lo], ys[i - lo]) if ys is not None else (xs[i - lo],) for i in indices]

@@ -208,10 +208,14 @@ def text_lines(path: str | Path, key: str, max_line: int = LINE_MAX) -> Iterator
                 raise ConfigError(f"{key}: {str(path)!r} line {number} is not valid UTF-8; refused") from None
 
 
-def listing(directory: str | Path, key: str) -> list[str]:
-    """The names in ``directory``, sorted (one level; nothing is followed or opened)."""
+def listing(directory: str | Path, key: str, missing_ok: bool = False) -> list[str]:
+    """The names in ``directory``, sorted (one level; nothing is followed or opened); none if missing and allowed."""
     try:
         return sorted(os.listdir(directory))
+    except FileNotFoundError:
+        if missing_ok:
+            return []
+        raise ConfigError(f"{key}: directory {str(directory)!r} does not exist") from None
     except OSError as e:
         raise ConfigError(f"{key}: cannot list {str(directory)!r} ({e.strerror or type(e).__name__})") from None
 
@@ -307,6 +311,21 @@ def remove_tree(path: str | Path) -> None:
         os.unlink(path)
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_empty_dir(path: str | Path) -> bool:
+    """Remove ``path`` if it is an empty folder (never a link); whether it was removed."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
+def null_output(fd: int) -> None:
+    """Point file descriptor ``fd`` at the null device (a reader of our output left)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
 
 
 def finite(value: object, key: str, low: float = -math.inf, high: float = math.inf) -> float:

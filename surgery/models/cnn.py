@@ -58,9 +58,7 @@ def digits_cnn(activation: str = "relu", trained: bool = True) -> CNN:
     """
     model = CNN(activation=activation)
     if trained:
-        from safetensors.torch import load_file
+        from surgery.files.tensors import read_tensors
 
-        from surgery.core.tensors import owned
-
-        model.load_state_dict({k: owned(v) for k, v in load_file(str(WEIGHTS)).items()})
+        model.load_state_dict(read_tensors(WEIGHTS, "model.trained"))
     return model
