@@ -29,6 +29,7 @@ MODULE_CALLS = {
     "numpy": {"load", "save", "savez", "memmap", "fromfile"}, "torch": {"load", "save"}, "mmap": {"mmap"},
     "shutil": None, "tempfile": None, "gzip": {"open"}, "bz2": {"open"}, "lzma": {"open"}, "zipfile": {"ZipFile"},
     "tarfile": {"open"}, "io": {"open", "FileIO"}, "Image": {"open"}, "pickle": {"load"}, "yaml": {"load"},
+    "OmegaConf": {"load", "save"},
 }  # fmt: skip
 OWN_OPENS = {"TextCorpus", "activations"}  # surgery's own ``X.open(...)`` API names, not files
 

@@ -9,11 +9,11 @@ tensor's full name (``MODULE.NAME``), the keys ``Surgery.save_added`` and ``stat
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from surgery.errors import ConfigError, did_you_mean
+from surgery.files.gate import config_path
 from surgery.files.tensors import read_tensors
 
 
@@ -24,7 +24,7 @@ class FileSource:
         self.where = where
         self.file = str(source["file"])
         self.key = source.get("key")
-        self.tensors = read_tensors(Path(self.file), f"{where}.file")
+        self.tensors = read_tensors(config_path(self.file, f"{where}.file"), f"{where}.file")
 
     def tensor(self, full_name: str, module_name: str) -> torch.Tensor:
         """The tensor for the filled tensor ``full_name`` of module ``module_name``, or a ConfigError naming the key."""

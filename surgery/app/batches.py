@@ -17,6 +17,7 @@ from torch import nn
 
 from surgery.app.inputs import INPUT_KINDS, batch_count, make_inputs
 from surgery.errors import ConfigError
+from surgery.files.gate import config_path
 
 
 class Batch(NamedTuple):
@@ -108,7 +109,6 @@ def make_batches(
 
 def _processed_file(spec: Mapping[str, Any], processor: Any, dtype: torch.dtype, device: torch.device) -> Batches:
     """A PNG through the model directory's image processor: one batch of ``pixel_values``."""
-    from pathlib import Path
 
     from surgery.app.inputs import INPUT_KEYS, fit_shape
     from surgery.files.paths import must_be_file
@@ -118,7 +118,7 @@ def _processed_file(spec: Mapping[str, Any], processor: Any, dtype: torch.dtype,
     if unknown:
         raise ConfigError(f"input.{unknown[0]}: unknown key; input keys are {', '.join(INPUT_KEYS)}")
     batch_count(spec)  # more than one batch of a file is refused, with the data-set way to say it
-    path = Path(str(spec["path"]))
+    path = config_path(str(spec["path"]), "input.path")
     must_be_file(path, "input.path")
     pixels = processed_image(processor, path)
     shapes = spec.get("shapes") or ([spec["shape"]] if spec.get("shape") is not None else [])

@@ -98,7 +98,8 @@ def _job(cfg: DictConfig) -> None:
 
     verbose = bool(cfg.get("verbose", False))
     try:
-        run_job(cfg, out_dir)
+        typed = {str(o).partition("=")[0].lstrip("+~") for o in hydra_cfg.overrides.task}
+        run_job(cfg, out_dir, typed, Path(hydra_cfg.runtime.cwd))
     except SurgeryError as e:
         if verbose:
             traceback.print_exc()

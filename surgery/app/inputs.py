@@ -14,6 +14,7 @@ from surgery.actions.base import generator_for
 from surgery.core.limits import check_count, check_memory
 from surgery.data.loader import DatasetInput
 from surgery.errors import ConfigError
+from surgery.files.gate import config_path
 from surgery.files.tensors import read_input_file
 
 # What each input key means, and which keys each input kind takes: validation and docs/config.md read both.
@@ -130,7 +131,7 @@ def _make_inputs(
         path = spec.get("path")
         if not path or path == "???":
             raise ConfigError("input.path: a file is required, e.g. +input=file input.path=digit.pt")
-        tensor = read_input_file(Path(str(path)), spec.get("key"))
+        tensor = read_input_file(config_path(str(path), "input.path"), spec.get("key"))
         if shapes:
             tensor = fit_shape(tensor, shapes[0], str(path))
         return (tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype),)

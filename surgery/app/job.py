@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -56,8 +57,12 @@ def forward(
 OUTPUT_FILE_MAX_BYTES = 64 * 2**20  # batch 0's output is saved for replay up to this size
 
 
-def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def run_job(cfg: DictConfig, out_dir: Path, typed: set[str] | None = None, start: Path | None = None) -> dict[str, Any]:
     """Everything `python -m surgery` does for one job; returns the report it wrote.
+
+    ``typed`` are the keys set on the command line (the user's own paths); under ``safe=true`` every other
+    path a config names must stay inside ``start`` (the directory the run started in), checked where it is
+    opened (surgery/files/gate.py). Nothing is written through a symlink inside ``out_dir``.
 
     SIGINT or SIGTERM while batches run stops after the current batch and writes what finished,
     with ``"complete": false`` in report.json; at any other time, or a second one, it stops at once.
@@ -66,8 +71,11 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from surgery.app.build import settings_of
     from surgery.core.limits import enforced
     from surgery.core.schema import limits_of
+    from surgery.files.gate import confined, writing_into
 
-    with enforced(limits_of(settings_of(cfg))):  # safe=true: bounded memory, disk and counts (core/limits.py)
+    settings = settings_of(cfg)
+    paths = confined(start or Path.cwd(), typed or set()) if settings.safe else contextlib.nullcontext()
+    with enforced(limits_of(settings)), paths, writing_into(out_dir):  # bounded costs, paths and writes
         return _bounded_job(cfg, out_dir)
 
 

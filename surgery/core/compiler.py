@@ -22,6 +22,7 @@ from surgery.core.schema import validate
 from surgery.core.select import ModuleIndex, Target, as_list, closest_names
 from surgery.core.steps import KINDS, BindContext, Step
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
+from surgery.files.gate import read_text
 
 SHOWN = 6  # matched names shown per row of the plan table
 SelectorRewrite = Callable[[nn.Module, ModuleIndex, dict[str, Any]], dict[str, Any]]
@@ -46,7 +47,7 @@ def load_actions(actions: Any) -> dict[str, Any]:
                 )
         if not path.exists():
             raise ConfigError(f"actions: file {text!r} does not exist")
-        actions = OmegaConf.load(path)
+        actions = OmegaConf.create(read_text(path, "actions"))
     if isinstance(actions, DictConfig):
         actions = OmegaConf.to_container(actions, resolve=True)
     if actions is None:

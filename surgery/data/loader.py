@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from surgery.data.sources import SPLITS, digits, limited, local
 from surgery.errors import ConfigError
+from surgery.files.gate import config_path
 
 SOURCES = ("digits",)
 
@@ -68,7 +68,7 @@ def open_dataset(config: DatasetInput, process: Callable[[Any], torch.Tensor] | 
             raise ConfigError("input.shape: digits are resized to the model's input; give input.shape=[B, C, H, W]")
         data: Dataset = digits(config.split, list(config.shape)[1:])
     else:
-        data = local(Path(str(config.path)), config.x_key, config.y_key, config.split, process)
+        data = local(config_path(str(config.path), "input.path"), config.x_key, config.y_key, config.split, process)
     if len(data) == 0:  # type: ignore[arg-type]
         raise ConfigError(f"input.path: {config.path!r} holds no examples")
     return limited(data, config.limit)

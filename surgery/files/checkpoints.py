@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from surgery.errors import ConfigError
+from surgery.files.gate import config_path
 from surgery.files.tensors import read_tensors
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -34,7 +35,7 @@ def load_checkpoint(model: torch.nn.Module, path: str | Path, load: Callable[...
     is fine when its tensor is tied to one the file has (``save_pretrained`` omits GPT-2's ``lm_head.weight``).
     ``load`` replaces ``model.load_state_dict`` (a surgery's, so that its ``on_load`` hooks run and remove undoes it).
     """
-    path = Path(path)
+    path = config_path(path, "model.checkpoint")
     if path.is_dir():
         path = _weights_in(path)
     if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
