@@ -165,3 +165,18 @@ def test_a_config_path_is_checked_only_under_confinement_and_typed_keys_are_the_
         gate.config_path("../x", "input.path")
         with pytest.raises(ConfigError, match=r"^model.checkpoint: "):  # choosing a group's file vouches for nothing
             gate.config_path("../x", "model.checkpoint")
+
+
+@pytest.mark.parametrize(("link", "key"), [(".hydra", "hydra.output_subdir"), ("surgery.log", "hydra.job_logging")])
+def test_hydras_own_files_are_not_written_through_a_link_in_a_resumed_run_directory(
+    tmp_path: Path, link: str, key: str
+) -> None:
+    start, outside = _layout(tmp_path)
+    (start / "run").mkdir()
+    (start / "run" / link).symlink_to(outside if link == ".hydra" else outside / "w.safetensors")
+    before = (outside / "w.safetensors").read_bytes()
+    result = cli("+model=cnn", "+input=random", "hydra.run.dir=run", cwd=start)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {key}"), result.stderr
+    assert "is a symlink in the run directory" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert sorted(p.name for p in outside.iterdir()) == ["w.safetensors"]
+    assert (outside / "w.safetensors").read_bytes() == before

@@ -93,6 +93,7 @@ def _guard_configure(configure: Any) -> Any:
             where = log_config._get_full_key(None) or where
             if safe_in(log_config._get_root()):
                 _check_resolved_logging(log_config, where)
+            _no_log_through_a_link(log_config, where)
         try:
             return configure(log_config, *args, **kwargs)
         except (ValueError, TypeError, AttributeError, ImportError, OSError) as e:
@@ -100,6 +101,36 @@ def _guard_configure(configure: Any) -> Any:
             refuse(f"{where}: logging cannot be configured from it ({type(cause).__name__}: {cause})")
 
     return configure_log
+
+
+def _no_log_through_a_link(log_config: DictConfig, where: str) -> None:
+    """A log file in the run directory that is a symlink (a resumed run dir from others) is refused, safe or not."""
+    from surgery.files.gate import writable, writing_into
+
+    run_dir = OmegaConf.select(log_config._get_root(), "hydra.runtime.output_dir", default=None)
+    handlers = OmegaConf.select(log_config, "handlers", default=None, throw_on_resolution_failure=False)
+    if run_dir is None or not isinstance(handlers, DictConfig):
+        return
+    try:
+        with writing_into(str(run_dir)):
+            for name in map(str, handlers.keys()):
+                file = OmegaConf.select(handlers, f"{name}.filename", default=None, throw_on_resolution_failure=False)
+                if isinstance(file, str):
+                    writable(file, f"{where}.handlers.{name}.filename")
+    except SurgeryError as e:
+        refuse(str(e))
+
+
+def _save_config(cfg: DictConfig, filename: str, output_dir: Path) -> None:
+    """Hydra's ``.hydra/*.yaml``, written through the gate: atomically, and never through a link in the run dir."""
+    from surgery.files.gate import writing_into
+    from surgery.files.write import write_text
+
+    try:
+        with writing_into(output_dir.parent):
+            write_text(output_dir / filename, OmegaConf.to_yaml(cfg), "hydra.output_subdir")
+    except SurgeryError as e:
+        refuse(str(e))
 
 
 def _check_resolved_logging(log_config: DictConfig, where: str) -> None:
@@ -393,3 +424,4 @@ def install() -> None:
 
     hydra_main.configure_log = _guard_configure(hydra_main.configure_log)  # hydra_logging, after composing
     hydra_core.configure_log = _guard_configure(hydra_core.configure_log)  # job_logging, in run_job
+    hydra_core._save_config = _save_config  # .hydra/config.yaml and the rest, through surgery/files/

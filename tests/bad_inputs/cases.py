@@ -356,7 +356,7 @@ CASES: list[Case] = [
          "from": {"file": "captures.safetensors", "key": "capture_block3/block2/output"}}, files="captures"),
     act("patch_from_no_key", "from", ("needs {file: PATH, key: ACTION/MODULE/WHAT}",),
         {"kind": "modify_output", "select": "block3", "op": "patch", "from": {"file": "captures.safetensors"}}),
-    act("patch_file_corrupt", "from.file", ("cannot read 'captures.safetensors' as safetensors",),
+    act("patch_file_corrupt", "from.file", ("cannot read 'captures.safetensors' as .safetensors",),
         {"kind": "modify_output", "select": "block3", "op": "patch",
          "from": {"file": "captures.safetensors", "key": "capture_block3/block3/output"}}, files="corrupt_captures"),
     act("patch_shape", "from", ("[2, 32, 4, 4]", "[2, 32, 3, 3]"),
