@@ -78,7 +78,7 @@ def _through(path: str | Path, real: str) -> str:
 
 
 def config_path(value: str | Path, key: str) -> Path:
-    """The path a config key names, as it will be opened; under confinement refused unless it stays inside.
+    """The path a config key names, as given; under confinement refused unless its real path stays inside.
 
     Call it on the value in hand, after every substitution: the check is on the real path (links resolved).
     """
@@ -94,7 +94,7 @@ def config_path(value: str | Path, key: str) -> Path:
             f" safe=true: a config file may name only paths inside it; to use it anyway, type it on the command"
             f" line: {key}={text}"
         )
-    return Path(real)
+    return Path(text)  # as given (messages name what the user wrote); the check was on its real path
 
 
 def _within(real: str, directory: str) -> bool:
@@ -276,6 +276,7 @@ def writable(path: str | Path, key: str) -> Path:
         _not_a_link(os.path.dirname(target), key, run_dir=False)
         _not_a_link(target, key, run_dir=False)
         return Path(target)
+    os.makedirs(run, exist_ok=True)  # the run directory itself: the user's choice, links on its way included
     here = run
     for part in os.path.relpath(target, run).split(os.sep) if target != run else []:
         here = os.path.join(here, part)
