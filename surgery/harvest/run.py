@@ -174,20 +174,15 @@ def _probe(
 
 
 def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> None:
-    """Refuse now (nothing written) a harvest past ``limits.memory_gb`` (two shards of buffers) or ``disk_gb``:
-    every site's rows × width × stored dtype over the rows ``limit_tokens`` allows or, without it, the rows the
-    corpus holds (about: its size at the first row's characters a token)."""
+    """Refuse now (nothing written) a harvest past ``limits.memory_gb`` (two shards of buffers) or, with
+    ``limit_tokens``, ``disk_gb``: every site's rows × width × stored dtype over the rows it allows. Without a
+    limit the corpus's tokens are not known (documents are read in batches: an estimate this early is far off),
+    so the first shard is checked before it is written and every later write is charged as it goes."""
     shard = per_shard * (sum(row_bytes.values()) + run.context * 4)
     check_memory(2 * shard, "harvest.shard_mb", f"two shards of {len(row_bytes)} site(s) in memory")
     if run.limit_rows is not None:
         total = harvest_bytes(run.limit_rows, row_bytes.values(), run.context)
         check_harvest_disk(total, written(), "input.limit_tokens")
-    elif run.estimate is not None:
-        tokens = run.estimate(run.context)
-        about = (f"the corpus is about {tokens:,} tokens, from its size at the first row's characters a token;"
-                 " input.limit_tokens harvests less")  # fmt: skip
-        total = harvest_bytes(max(1, tokens // run.context), row_bytes.values(), run.context)
-        check_harvest_disk(total, written(), "input.path", about)
 
 
 def _start(

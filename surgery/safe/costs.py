@@ -56,9 +56,9 @@ def range_size(values: range) -> int:
 def check_cells(counts: Iterable[int], where: str) -> int:
     """The number of cells of a grid whose variables have ``counts`` values; refused past the bounds."""
     size = math.prod(counts)
+    check_count(size, where, "study cells (the product of the grid's value counts)")
     if size > MAX_CELLS:
         raise ConfigError(f"{where}: {size:,} cells are more than {MAX_CELLS:,}; narrow a range")
-    check_count(size, where, "study cells (the product of the grid's value counts)")
     return size
 
 
@@ -102,9 +102,7 @@ def figure_refusal(width_in: float, height_in: float, dpi: int, panels: int = 1)
         return f"{panels:,} panels are more than {FIGURE_MAX_PANELS} a figure draws"
     width, height = round(width_in * dpi), round(height_in * dpi)
     if max(width, height) > FIGURE_MAX_PIXELS:
-        return (
-            f"{width:,} × {height:,} pixels at dpi {dpi} are past {FIGURE_MAX_PIXELS:,} × {FIGURE_MAX_PIXELS:,}"
-        )
+        return f"{width:,} × {height:,} pixels at dpi {dpi} are past {FIGURE_MAX_PIXELS:,} × {FIGURE_MAX_PIXELS:,}"
     return None
 
 

@@ -48,7 +48,9 @@ def grid_cells(grid: Mapping[str, Any], where: str = "study.grid") -> int:
     ``limits.count``: what a job checks before it builds the model."""
     if not isinstance(grid, Mapping) or not grid:
         return 0
-    counts = (1 if values == "all" else _count(_values(values, None, f"{where}.{name}")) for name, values in grid.items())
+    counts = (
+        1 if values == "all" else _count(_values(values, None, f"{where}.{name}")) for name, values in grid.items()
+    )
     return check_cells(counts, where)
 
 
