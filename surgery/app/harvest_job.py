@@ -9,7 +9,6 @@ rank writes its share of the shards into rank 0's run directory.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from surgery.core.compiler import load_actions
 from surgery.core.schema import validate
 from surgery.dist.wrap import launched_by_torchrun, wrap_of
 from surgery.errors import ConfigError
+from surgery.files.gate import listing, remove_tree
 from surgery.files.write import write_json
 from surgery.harvest.config import HarvestSettings, TextDatasetInput
 
@@ -113,8 +113,8 @@ def _ranks(device: str, out_dir: Path) -> tuple[tuple[int, int], Path]:
     dist.broadcast_object_list(shared, src=0)
     run_dir = Path(shared[0])
     if run_dir != out_dir and out_dir.is_dir():  # this rank's own Hydra directory holds only its config and log
-        if all(p.name == ".hydra" or p.suffix == ".log" for p in out_dir.iterdir()):
-            shutil.rmtree(out_dir, ignore_errors=True)
+        if all(name == ".hydra" or name.endswith(".log") for name in listing(out_dir, "hydra.run.dir")):
+            remove_tree(out_dir)
     return (dist.get_rank(), dist.get_world_size()), run_dir
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from surgery.core.records import Record
-from surgery.files.write import write_atomic
+from surgery.files.write import write_figure
 
 MAX_CHANNELS = 16  # feature maps shown per figure
 MAX_NAME = 120  # characters in a plot's file name, well under the usual 255-byte limit
@@ -39,7 +39,7 @@ def plot_tensor(tensor: torch.Tensor, title: str, path: Path, gradient: bool = F
     """
     fig = figure_of(tensor, title, gradient)
     try:
-        write_atomic(path, lambda p: fig.savefig(p, format="png", dpi=DPI))
+        write_figure(path, fig, dpi=DPI)
     finally:
         fig.clear()  # a Figure outside pyplot is freed with its last reference; drop the artists now
     return path

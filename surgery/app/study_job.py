@@ -22,9 +22,11 @@ from surgery.core.compiler import load_actions
 from surgery.core.output import say
 from surgery.core.schema import validate
 from surgery.errors import ConfigError
+from surgery.files.gate import remove_file
 from surgery.files.write import write_json, write_tensors, write_text
 from surgery.study.config import StudyConfig
-from surgery.study.grid import cells, check_uses, parse_grid
+from surgery.study.grid import cells, check_uses, grid_cells, parse_grid
+from surgery.study.plots import undrawn
 from surgery.study.result import StudyResult
 from surgery.study.resume import PARTIAL, Progress, load_partial, saver
 from surgery.study.run import check_method, plan_cells, run_study
@@ -38,6 +40,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     check_method(study.method, study.steps, study.verify_top)
     if settings.mode not in ("run", "plan"):
         raise ConfigError(f"mode: a study runs with mode=run (or mode=plan to check every cell); got {settings.mode}")
+    grid_cells(study.grid)  # the grid's size from its arithmetic, before the model is built
     seed_everything(settings.seed)
     device = resolve_device(settings.device)
     actions = load_actions(cfg.get("actions"))
@@ -69,18 +72,20 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     write_tensors(out_dir / "study.safetensors", result.tensors())
     write_text(out_dir / "study.csv", result.csv_text())
     plots = result.plot(out_dir / "plots")
+    skipped = {f"plots/{name}": why for name, why in undrawn(result).items()}
     report.update(
         complete=True,
         study=_section(result, study, data, seconds),
         model={"class": f"{type(model).__module__}.{type(model).__qualname__}"},
         data={"source": data.source, "examples": data.examples,
               **({"prompts": list(data.text.prompts)} if data.text is not None else {})},
-        plots=[str(p.relative_to(out_dir)) for p in plots],
+        plots=[str(p.relative_to(out_dir)) for p in plots if p.suffix == ".png"],
+        **({"plot_notes": skipped} if skipped else {}),
         environment=environment(str(device)),
     )  # fmt: skip
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", study_markdown(report, result))
-    (out_dir / PARTIAL).unlink(missing_ok=True)  # every cell is in study.safetensors now
+    remove_file(out_dir / PARTIAL)  # every cell is in study.safetensors now
     say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; {headline(result)};"
         f" wrote {out_dir}")  # fmt: skip
     return report
@@ -192,6 +197,8 @@ def study_markdown(report: dict[str, Any], result: StudyResult) -> str:
     sizes = " × ".join(f"{name} ({len(values)})" for name, values in result.grid.items())
     lines = [f"# surgery study: {sizes}, {section['examples']} examples", ""]
     lines += [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
+    lines += [f"- `{name}` {why}" for name, why in report.get("plot_notes", {}).items()]
+    lines += [""] if report.get("plot_notes") else []
     lines += ["| metric | unmodified | source |", "|---|---|---|"]
     base = section["baselines"]
     for name in result.metrics:

@@ -31,7 +31,7 @@ from torch import nn
 
 from surgery.core.compiler import Plan, compile_plan
 from surgery.core.engine import Surgery, apply_plan
-from surgery.core.limits import check_memory
+from surgery.core.limits import check_memory, written
 from surgery.core.output import say
 from surgery.errors import ConfigError
 from surgery.files.write import expect_disk, write_json, write_tensors
@@ -47,6 +47,7 @@ from surgery.harvest.shards import (
     token_file,
 )
 from surgery.harvest.stream import chained, in_shards, prefetched
+from surgery.safe.costs import check_harvest_disk, harvest_bytes
 
 ACTION = "harvest"  # mode=harvest adds a capture action harvest_I to the recipe for selector I of harvest.sites
 MiB = 2**20
@@ -174,11 +175,14 @@ def _probe(
 
 def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> None:
     """Refuse now (nothing written) a harvest past ``limits.memory_gb`` (two shards of buffers) or, with
-    ``limit_tokens``, ``disk_gb``."""
+    ``limit_tokens``, ``disk_gb``: every site's rows × width × stored dtype over the rows it allows. Without a
+    limit the corpus's tokens are not known (documents are read in batches: an estimate this early is far off),
+    so the first shard is checked before it is written and every later write is charged as it goes."""
     shard = per_shard * (sum(row_bytes.values()) + run.context * 4)
     check_memory(2 * shard, "harvest.shard_mb", f"two shards of {len(row_bytes)} site(s) in memory")
-    if run.limit_rows is not None:  # the whole harvest's size is known; without a limit, the first shard's is checked
-        expect_disk(run.limit_rows * (sum(row_bytes.values()) + run.context * 8), "input.limit_tokens")
+    if run.limit_rows is not None:
+        total = harvest_bytes(run.limit_rows, row_bytes.values(), run.context)
+        check_harvest_disk(total, written(), "input.limit_tokens")
 
 
 def _start(

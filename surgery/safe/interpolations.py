@@ -10,6 +10,7 @@ whose resolved sizes are summed (memoized) before Hydra or the job reads a value
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from surgery.errors import ConfigError
 
 MAX_RESOLVED_CHARS = 1_000_000  # no run setting is anywhere near this long once resolved
+MAX_RESOLVER_ARGUMENT = 256  # ${now:FORMAT}'s format and the like: a date format is a few dozen characters
 SAFE_RESOLVERS = ("now", "hydra")  # what the shipped run directories and Hydra's defaults use
 ALLOWED = "plain interpolation ${a.b} or ${.sibling}, ${now:FORMAT}, ${hydra:KEY}"
 
@@ -55,6 +57,7 @@ def _interpolated(raw: Any) -> Iterator[tuple[Key, str]]:
 
 def _references(key: Key, text: str, safe: bool) -> list[Key]:
     """The keys ``text`` (the value at ``key``) interpolates; under ``safe`` refuse any other resolver."""
+    _check_arguments(key, text)
     parsed = _parse(text)
     if parsed is None:  # not valid interpolation grammar: OmegaConf refuses it when it is read
         return []
@@ -84,6 +87,30 @@ def _references(key: Key, text: str, safe: bool) -> list[Key]:
                 base = base[: max(0, len(base) - (dots - 1))]
                 found.append((*base, *parts))
     return found
+
+
+_RESOLVER = re.compile(r"\$\{\s*([\w.]+)\s*:")
+_BRACE = re.compile(r"[{}]")
+
+
+def _check_arguments(key: Key, text: str) -> None:
+    """Refuse a resolver argument longer than MAX_RESOLVER_ARGUMENT before OmegaConf's parser (seconds per
+    100 KB) or the resolver (``now``'s strftime) ever sees it; a linear scan of the braces."""
+    for opening in _RESOLVER.finditer(text):
+        depth, end = 1, len(text)
+        for brace in _BRACE.finditer(text, opening.end()):
+            depth += 1 if brace.group() == "{" else -1
+            if depth == 0:
+                end = brace.start()
+                break
+            if brace.start() - opening.end() > MAX_RESOLVER_ARGUMENT:
+                break
+        length = end - opening.end()
+        if length > MAX_RESOLVER_ARGUMENT:
+            raise ConfigError(
+                f"{dotted(key)}: the argument of ${{{opening.group(1)}:...}} is {length:,} characters, more than the"
+                f" {MAX_RESOLVER_ARGUMENT} a resolver's argument may have"
+            )
 
 
 @lru_cache(maxsize=4096)

@@ -19,49 +19,58 @@ from contextlib import contextmanager
 from typing import Any
 
 from surgery.errors import ConfigError, SurgeryError
+from surgery.safe.costs import check_cells, parse_range, range_size
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-MAX_CELLS = 1_000_000  # a grid larger than this is a typo, not a study
 
 
 def parse_grid(grid: Mapping[str, Any], positions: int | None = None, where: str = "study.grid") -> dict[str, list]:
-    """Each variable's values: a list, a ``"start:stop[:step]"`` range, or ``"all"`` (every position)."""
+    """Each variable's values: a list, a ``"start:stop[:step]"`` range, or ``"all"`` (every position).
+
+    The cells are counted from each variable's value count (a range by arithmetic) and checked against
+    ``limits.count`` before any value is listed.
+    """
     if not isinstance(grid, Mapping) or not grid:
         raise ConfigError(f'{where}: a mapping of named variables, e.g. {{layer: "0:3", pos: all}}; got {grid!r}')
-    parsed: dict[str, list] = {}
+    given: dict[str, Sequence[Any]] = {}
     for name, values in grid.items():
         at = f"{where}.{name}"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigError(f"{at}: a variable name is letters, digits and _, not starting with a digit")
-        parsed[name] = _values(values, positions, at)
-    size = 1
-    for values in parsed.values():
-        size *= len(values)
-    if size > MAX_CELLS:
-        raise ConfigError(f"{where}: {size:,} cells are more than {MAX_CELLS:,}; narrow a range")
-    return parsed
+        given[name] = _values(values, positions, at)
+    check_cells((_count(v) for v in given.values()), where)
+    return {name: list(values) for name, values in given.items()}
 
 
-def _values(values: Any, positions: int | None, at: str) -> list:
+def grid_cells(grid: Mapping[str, Any], where: str = "study.grid") -> int:
+    """How many cells ``grid`` has, from the config alone (``all`` counted as one position), checked against
+    ``limits.count``: what a job checks before it builds the model."""
+    if not isinstance(grid, Mapping) or not grid:
+        return 0
+    counts = (
+        1 if values == "all" else _count(_values(values, None, f"{where}.{name}")) for name, values in grid.items()
+    )
+    return check_cells(counts, where)
+
+
+def _count(values: Sequence[Any]) -> int:
+    return range_size(values) if isinstance(values, range) else len(values)
+
+
+def _values(values: Any, positions: int | None, at: str) -> Sequence[Any]:
+    """A variable's values: a list, or a lazy ``range`` (counted before it is listed)."""
     if isinstance(values, str):
         if values == "all":
             if positions is None:
                 raise ConfigError(f"{at}: 'all' means every position of a text input; give a range such as '0:13'")
-            return list(range(positions))
-        parts = values.split(":")
-        if len(parts) in (2, 3) and all(re.fullmatch(r"-?\d+", p.strip()) for p in parts if p.strip()):
-            numbers = [int(p) if p.strip() else None for p in parts]
-            if numbers[0] is None or numbers[1] is None:
-                raise ConfigError(f"{at}: a range needs its start and stop, e.g. '0:13'; got {values!r}")
-            step = numbers[2] if len(numbers) == 3 and numbers[2] is not None else 1
-            if step == 0:
-                raise ConfigError(f"{at}: a range's step cannot be 0; got {values!r}")
-            found = list(range(numbers[0], numbers[1], step))
-            if not found:
-                raise ConfigError(f"{at}: the range {values!r} is empty")
-            return found
-        raise ConfigError(f"{at}: a list of values, a range 'start:stop[:step]' or 'all'; got {values!r}")
+            return range(positions)
+        found = parse_range(values, at)
+        if found is None:
+            raise ConfigError(f"{at}: a list of values, a range 'start:stop[:step]' or 'all'; got {values!r}")
+        if range_size(found) == 0:
+            raise ConfigError(f"{at}: the range {values!r} is empty")
+        return found
     if isinstance(values, Sequence) and not isinstance(values, (bytes, bytearray)):
         if not values:
             raise ConfigError(f"{at}: no values; give at least one")

@@ -1,44 +1,97 @@
 """Pictures of a study, one PNG per metric: two variables a heatmap (positions labelled by their
-tokens), one variable a line with its confidence band, more a heatmap panel per value of the others."""
+tokens), one variable a line with its confidence band, more a heatmap panel per value of the others.
+
+A figure's size is computed from the grid before anything is drawn (:func:`layout`): a wide heatmap is
+squeezed to fit ``FIGURE_MAX_PIXELS`` while each cell keeps a few pixels, and one past the caps of
+:mod:`surgery.safe.costs` is not drawn at all: its numbers go to ``study_METRIC.csv`` beside, and
+:func:`undrawn` says why, for the report.
+"""
 
 from __future__ import annotations
 
 import itertools
 import math
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from surgery.files.write import write_atomic
+from surgery.files.write import write_figure, write_text
+from surgery.safe.costs import FIGURE_MAX_PIXELS, FIGURE_MIN_CELL_PIXELS, figure_refusal
 
 if TYPE_CHECKING:
     from surgery.study.result import StudyResult
 
-MAX_PANELS = 16
 POSITION_NAMES = ("pos", "position", "positions")
 DPI = 100
+MAX_TICKS = 100  # tick labels an axis shows at most; a longer axis labels every k-th value
+CELL_WIDTH, CELL_HEIGHT, MARGIN = 0.5, 0.45, 2.0  # inches a heatmap cell takes (before squeezing) and around it
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A heatmap figure's size, worked out from the grid alone: panels, their grid, inches, and why not drawn."""
+
+    panels: int
+    columns: int
+    rows: int
+    width: float  # inches
+    height: float
+    refused: str | None  # why it is not drawn, or None
+
+
+def layout(result: StudyResult) -> Layout:
+    """The heatmap figure of ``result``'s grid (two or more variables), squeezed to fit the pixel cap if it can."""
+    names = list(result.grid)
+    panels = math.prod(len(result.grid[n]) for n in names[:-2])
+    columns = min(panels, 4)
+    rows = math.ceil(panels / columns)
+    across, down = len(result.grid[names[-1]]), len(result.grid[names[-2]])
+    cap = FIGURE_MAX_PIXELS / DPI
+    cell_w = min(CELL_WIDTH, (cap / columns - MARGIN) / across)  # a wide grid: narrower cells, same figure cap
+    cell_h = min(CELL_HEIGHT, (cap / rows - MARGIN) / down)
+    width = max(5.0, cell_w * across + MARGIN) * columns
+    height = (cell_h * down + MARGIN) * rows
+    refused = figure_refusal(width, height, DPI, panels)
+    if refused is None and min(cell_w, cell_h) * DPI < FIGURE_MIN_CELL_PIXELS:
+        refused = (f"{across:,} × {down:,} cells in {panels:,} panel(s) leave under {FIGURE_MIN_CELL_PIXELS} pixels"
+                   f" a cell within {FIGURE_MAX_PIXELS:,} × {FIGURE_MAX_PIXELS:,} pixels")  # fmt: skip
+    return Layout(panels, columns, rows, width, height, refused)
+
+
+def undrawn(result: StudyResult) -> dict[str, str]:
+    """The figures :func:`plot_study` does not draw, by file name, each with why and where the numbers are."""
+    if len(result.grid) < 2:
+        return {}
+    why = layout(result).refused
+    if why is None:
+        return {}
+    return {f"study_{m}.png": f"not drawn: {why}; its numbers are in study_{m}.csv beside it" for m in result.metrics}
 
 
 def plot_study(result: StudyResult, directory: Path) -> list[Path]:
     """Write ``study_METRIC.png`` for every metric into ``directory``; returns the paths."""
     written = []
+    skipped = undrawn(result)
     for name in result.metrics:
-        fig = study_figure(result, name)
-        path = directory / f"study_{name}.png"
-        try:
-            write_atomic(path, partial(_save, fig))
-        finally:
-            fig.clear()
+        if f"study_{name}.png" in skipped:  # too large to draw: the metric's rows of study.csv instead
+            path = directory / f"study_{name}.csv"
+            write_text(path, result.csv_text(name))
+        else:
+            path = directory / f"study_{name}.png"
+            _write(path, study_figure(result, name))
         written.append(path)
     if result.verify:
-        fig = verify_figure(result.verify)
         path = directory / "study_verify.png"
-        try:
-            write_atomic(path, partial(_save, fig))
-        finally:
-            fig.clear()
+        _write(path, verify_figure(result.verify))
         written.append(path)
     return written
+
+
+def _write(path: Path, fig: Any) -> None:
+    try:
+        write_figure(path, fig, dpi=DPI)
+    finally:
+        fig.clear()
 
 
 def verify_figure(verify: dict[str, Any]) -> Any:
@@ -59,10 +112,6 @@ def verify_figure(verify: dict[str, Any]) -> Any:
     return fig
 
 
-def _save(fig: Any, path: Path) -> None:
-    fig.savefig(path, format="png", dpi=DPI)
-
-
 def study_figure(result: StudyResult, metric: str) -> Any:
     """The matplotlib Figure of one metric's means (see the module docstring for its layout)."""
     from matplotlib.figure import Figure
@@ -76,15 +125,14 @@ def study_figure(result: StudyResult, metric: str) -> Any:
         fig.suptitle(title)
         return fig
     rest = names[:-2]
-    combos = list(itertools.product(*(range(len(result.grid[n])) for n in rest)))[:MAX_PANELS]
-    columns = min(len(combos), 4)
-    rows = math.ceil(len(combos) / columns)
+    shape = layout(result)
+    if shape.refused is not None:
+        raise ValueError(f"study_{metric}.png is not drawn: {shape.refused}")
+    combos = list(itertools.product(*(range(len(result.grid[n])) for n in rest)))
     x_name, y_name = names[-1], names[-2]
-    fig = Figure(
-        figsize=(max(5, 0.5 * len(result.grid[x_name]) + 2) * columns, (0.45 * len(result.grid[y_name]) + 2) * rows)
-    )
+    fig = Figure(figsize=(shape.width, shape.height))
     for k, combo in enumerate(combos):
-        ax = fig.add_subplot(rows, columns, k + 1)
+        ax = fig.add_subplot(shape.rows, shape.columns, k + 1)
         panel = means[combo] if combo else means
         limit = float(panel.abs().nan_to_num(0).max()) or 1.0
         if float(panel.nan_to_num(0).min()) >= 0:  # probabilities, ranks, losses: a one-sided scale from 0
@@ -92,8 +140,8 @@ def study_figure(result: StudyResult, metric: str) -> Any:
         else:  # signed effects: white at 0, red up, blue down
             image = ax.imshow(panel.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
         turned = 90 if result.tokens and x_name in POSITION_NAMES else 0
-        ax.set_xticks(range(len(result.grid[x_name])), _labels(result, x_name), rotation=turned)
-        ax.set_yticks(range(len(result.grid[y_name])), [str(v) for v in result.grid[y_name]])
+        _ticks(ax.set_xticks, _labels(result, x_name), rotation=turned)
+        _ticks(ax.set_yticks, [str(v) for v in result.grid[y_name]])
         ax.set_xlabel(x_name)
         ax.set_ylabel(y_name)
         if combo:
@@ -111,9 +159,16 @@ def _line(ax: Any, result: StudyResult, metric: str, name: str) -> None:
         low, high = result.ci_low[metric].float().numpy(), result.ci_high[metric].float().numpy()
         ax.fill_between(xs, low, high, alpha=0.3, label=f"{result.ci:.0%} CI")
         ax.legend()
-    ax.set_xticks(xs, _labels(result, name), rotation=90 if result.tokens and name in POSITION_NAMES else 0)
+    _ticks(ax.set_xticks, _labels(result, name), rotation=90 if result.tokens and name in POSITION_NAMES else 0)
     ax.set_xlabel(name)
     ax.set_ylabel(metric)
+
+
+def _ticks(set_ticks: Any, labels: list[str], rotation: int = 0) -> None:
+    """At most MAX_TICKS labelled ticks (every k-th value): thousands of labels cost more than the picture."""
+    every = max(1, math.ceil(len(labels) / MAX_TICKS))
+    at = range(0, len(labels), every)
+    set_ticks(list(at), [labels[i] for i in at], rotation=rotation)
 
 
 def _labels(result: StudyResult, name: str) -> list[str]:

@@ -45,12 +45,12 @@ class StudyResult:
             out.update({f"{part}/{name}": t.contiguous() for name, t in table.items()})
         return out
 
-    def csv_text(self) -> str:
-        """One row per cell and metric: the grid values, the metric, its mean, ci_low and ci_high."""
+    def csv_text(self, metric: str | None = None) -> str:
+        """One row per cell and metric (or only ``metric``): the grid values, the metric, its mean, ci_low, ci_high."""
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([*self.grid, "metric", "mean", "ci_low", "ci_high"])
-        for name in self.metrics:
+        for name in self.metrics if metric is None else [metric]:
             means = self.mean[name].reshape(-1)
             low = self.ci_low[name].reshape(-1) if name in self.ci_low else None
             high = self.ci_high[name].reshape(-1) if name in self.ci_high else None

@@ -8,6 +8,7 @@ model, scores the cells exactly (``method: patch``) or estimates them (``attribu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch import nn
 from surgery.core.compiler import Plan, Shared, compile_plan, load_actions
 from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
+from surgery.safe.costs import check_forward_rows, check_study
 from surgery.study.cells import Attribution, Run
 from surgery.study.estimates import EditedCells
 from surgery.study.grid import cells, check_uses, fill, naming, parse_grid
@@ -139,12 +141,16 @@ def run_study(
         raise ConfigError("study.normalize: compares each cell with the source run; give a source input")
     if labels is None:
         labels = data.text_labels()
-    grid_cells = cells(parsed)
     n = data.examples
+    size = math.prod(len(v) for v in parsed.values())
+    check_study(size, n, n_boot=n_boot if ci is not None else None,
+                steps=steps if method == "integrated_gradients" else None, metrics=len(bound))  # fmt: skip
+    grid_cells = cells(parsed)
     if src is not None and src.examples != n:
         src = src.repeated(n)  # one source example serves every row: the same rows as the inputs
     if method == "patch":
         k = _cells_per_forward(spec, grid_cells, batch_cells, batch_size or n, src is not None)
+        check_forward_rows(k * min(batch_size or n, n), *_row_values(model, data), "study.batch_cells")
         filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k)
         first = data.rows(0, 1)
         probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
@@ -155,6 +161,7 @@ def run_study(
         if flat:
             raise ConfigError(f"study.metrics: {flat[0]} has no gradient, so {method} cannot estimate it; use"
                               " logit_diff, prob, logit, loss or kl, or method: patch")  # fmt: skip
+        check_forward_rows(2 * min(batch_size or n, n), *_row_values(model, data), "study.method")  # and a backward
         derived = derive(model, spec, grid_cells, seed, strict, safe)  # one plan per selection, not per cell
         check_gradients(derived.modules, method)
         run = Run(
@@ -181,6 +188,18 @@ def run_study(
     if verify_top is not None:
         result.verify = verified(run, result, verify_top, grid_cells)
     return result
+
+
+def _row_values(model: nn.Module, data: Inputs) -> tuple[int, int]:
+    """About how many values one row makes in a forward (its input's size × the model's widest dimension: an LM's
+    logits), and their bytes each; read from shapes, nothing run."""
+    first = (*data.args, *data.kwargs.values())[0]
+    per_row = first[0].numel() if first.dim() else 1
+    widest, itemsize = 1, 4
+    for p in model.parameters():
+        widest = max(widest, *p.shape) if p.dim() else widest
+        itemsize = p.element_size() if p.is_floating_point() else itemsize
+    return per_row * widest, itemsize
 
 
 def _gathered(
