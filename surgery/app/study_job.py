@@ -25,11 +25,11 @@ from surgery.errors import ConfigError
 from surgery.files.gate import remove_file
 from surgery.files.write import write_json, write_tensors, write_text
 from surgery.study.config import StudyConfig
-from surgery.study.grid import cells, check_uses, grid_cells, parse_grid
+from surgery.study.grid import cells, check_uses, grid_cells
 from surgery.study.plots import undrawn
 from surgery.study.result import StudyResult
 from surgery.study.resume import PARTIAL, Progress, load_partial, saver
-from surgery.study.run import check_method, plan_cells, run_study
+from surgery.study.run import check_method, grid_of, plan_cells, run_study
 
 
 def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def _progress(
     from surgery.study.inputs import Inputs
     from surgery.study.metrics import parse_metrics
 
-    grid = parse_grid(study.grid, positions=Inputs.of(inputs, "input").positions())
+    grid = grid_of(study.grid, actions, model, Inputs.of(inputs, "input").positions())
     names = [m.name for m in parse_metrics(study.metrics, data.tokenizer)]
     prints = {**prints, "model": fingerprint(model.state_dict())}
     size = len(cells(grid))
@@ -141,7 +141,7 @@ def _plan_only(
     from surgery.study.run import probe_cells
 
     given = Inputs.of(inputs, "input")
-    grid = parse_grid(study.grid, positions=given.positions())
+    grid = grid_of(study.grid, actions, model, given.positions())
     check_uses(grid, actions)
     grid_cells = cells(grid)
     _, plans = plan_cells(model, actions, grid_cells, settings.seed, settings.strict, settings.safe)

@@ -25,10 +25,16 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 
-def parse_grid(grid: Mapping[str, Any], positions: int | None = None, where: str = "study.grid") -> dict[str, list]:
-    """Each variable's values: a list, a ``"start:stop[:step]"`` range, or ``"all"`` (every position).
+def parse_grid(
+    grid: Mapping[str, Any],
+    positions: int | None = None,
+    where: str = "study.grid",
+    every: Mapping[str, int] | None = None,
+) -> dict[str, list]:
+    """Each variable's values: a list, a ``"start:stop[:step]"`` range, or ``"all"``.
 
-    The cells are counted from each variable's value count (a range by arithmetic) and checked against
+    ``all`` is ``range(every[name])`` where :func:`surgery.study.every.every_value` worked out what the
+    variable counts (blocks, heads, positions), else every position. The cells are counted from each variable's value count (a range by arithmetic) and checked against
     ``limits.count`` before any value is listed.
     """
     if not isinstance(grid, Mapping) or not grid:
@@ -38,7 +44,7 @@ def parse_grid(grid: Mapping[str, Any], positions: int | None = None, where: str
         at = f"{where}.{name}"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigError(f"{at}: a variable name is letters, digits and _, not starting with a digit")
-        given[name] = _values(values, positions, at)
+        given[name] = _values(values, (every or {}).get(name, positions), at)
     check_cells((_count(v) for v in given.values()), where)
     return {name: list(values) for name, values in given.items()}
 

@@ -21,6 +21,7 @@ from surgery.errors import ConfigError, SurgeryError
 from surgery.safe.costs import check_forward_rows, check_study
 from surgery.study.cells import Attribution, Run
 from surgery.study.estimates import EditedCells
+from surgery.study.every import every_value
 from surgery.study.grid import cells, check_uses, fill, naming, parse_grid
 from surgery.study.inputs import Inputs
 from surgery.study.metrics import PerExample, parse_metrics
@@ -64,6 +65,12 @@ def check_gradients(modules: list[nn.Module], method: str) -> None:
         raise ConfigError(f"study.method: {method} takes a backward pass, and the model's weights were made under"
                           " torch.inference_mode() (inference tensors take no part in one); load the model outside"
                           " inference mode, or use method: patch")  # fmt: skip
+
+
+def grid_of(grid: Any, actions: dict[str, Any], model: nn.Module, positions: int | None) -> dict[str, list]:
+    """The grid's values, ``all`` meaning every block, head or position as the actions use the variable."""
+    every = every_value(grid, actions, model, positions) if isinstance(grid, Mapping) else {}
+    return parse_grid(grid, positions=positions, every=every)
 
 
 def plan_cells(
@@ -134,7 +141,7 @@ def run_study(
         raise ConfigError(f"source: {src.examples} examples; give one, or as many as inputs ({data.examples})")
     ids = data.token_ids()
     spec = load_actions(actions)
-    parsed = parse_grid(grid, positions=data.positions())
+    parsed = grid_of(grid, spec, model, data.positions())
     check_uses(parsed, spec)
     bound = parse_metrics(metrics, tokenizer)
     if normalize and src is None:
