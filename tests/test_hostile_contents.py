@@ -1,0 +1,144 @@
+"""Hostile contents of data files (SPEC §19): one line and exit 2, never a traceback; names inside files are data.
+
+Each case crafts a small file the way someone handing over a directory could (a manifest naming
+``../../outside``, a ``cfg.json`` with ``k: NaN``, a 2 MiB single-line corpus, a tokenizer regex that
+panics in Rust, a YAML alias bomb, 4,000 job directories) and checks the refusal is a ``ConfigError``
+whose message starts with the key and fits on one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import surgery.activations
+from surgery.errors import ConfigError, SurgeryError
+
+
+def one_line(error: pytest.ExceptionInfo[BaseException], starts: str, *words: str) -> str:
+    """The refusal's message, checked to be one line starting with ``starts`` and holding ``words``."""
+    text = str(error.value)
+    assert "\n" not in text, text
+    assert text.startswith(starts), text
+    for word in words:
+        assert word in text, (word, text)
+    return text
+
+
+# ---------------------------------------------------------------- 1. surgery.activations.open
+
+
+def activations(root: Path, manifest: dict[str, Any] | None = None, **shard: torch.Tensor) -> Path:
+    """A one-shard dataset (site ``m``, width 2, context 3, two rows), its manifest changed by ``manifest``."""
+    base = root / "acts"
+    (base / "m").mkdir(parents=True)
+    (base / "token_ids").mkdir()
+    save_file({"activations": shard.get("activations", torch.ones(2, 3, 2))}, str(base / "m" / "shard-00000.safetensors"))
+    kept = shard.get("kept", torch.arange(6, dtype=torch.int32))
+    ids = torch.zeros(2, 3, dtype=torch.int32)
+    save_file({"input_ids": ids, "kept": kept}, str(base / "token_ids" / "shard-00000.safetensors"))
+    data = {"format": "surgery.activations/1", "complete": True, "context": 3, "sites": {"m": {"shape": [2]}},
+            "shards": [{"rows": 2, "kept": int(kept.numel())}]}  # fmt: skip
+    data.update(manifest or {})
+    (base / "manifest.json").write_text(json.dumps(data))
+    return base
+
+
+def test_a_well_formed_dataset_reads(tmp_path: Path) -> None:
+    data = surgery.activations.open(activations(tmp_path))
+    assert len(data) == 6 and data[5]["m"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "words"),
+    [
+        ({"sites": {"../../outside/secret": {"shape": [2]}}}, ("not a plain name",)),
+        ({"sites": {"/etc": {"shape": [2]}}}, ("not a plain name",)),
+        ({"sites": []}, ("sites",)),
+        ({"sites": {"m": {"shape": ["2"]}}}, ("whole number",)),
+        ({"context": -3}, ("context", "out of range")),
+        ({"context": None}, ("context",)),
+        ({"shards": [{"rows": 2}]}, ("kept",)),
+        ({"shards": [{"rows": -1, "kept": 0}]}, ("rows", "out of range")),
+        ({"shards": [{"rows": 2, "kept": 10**9}]}, ("kept", "out of range")),
+        ({"shards": "many"}, ("shards",)),
+        ({"complete": "yes"}, ("unfinished",)),
+    ],
+)
+def test_a_hostile_manifest_is_refused_in_one_line(tmp_path: Path, manifest: dict[str, Any], words: tuple) -> None:
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(activations(tmp_path, manifest))
+    one_line(e, "activations: ", *words)
+
+
+def test_a_huge_or_nan_manifest_is_refused_before_parsing(tmp_path: Path) -> None:
+    base = activations(tmp_path)
+    (base / "manifest.json").write_text('{"context": NaN}')
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(base)
+    one_line(e, "activations: ", "NaN")
+    (base / "manifest.json").write_text(" " * (5 * 2**20) + "{}")
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(base)
+    one_line(e, "activations: ", "MiB")
+
+
+def test_a_shard_linked_outside_is_refused(tmp_path: Path) -> None:
+    base = activations(tmp_path)
+    outside = tmp_path / "secret.safetensors"
+    os.replace(base / "m" / "shard-00000.safetensors", outside)
+    os.symlink(outside, base / "m" / "shard-00000.safetensors")
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(base)
+    one_line(e, "activations: ", "leads outside")
+
+
+def test_a_fifo_shard_is_refused_not_waited_on(tmp_path: Path) -> None:
+    base = activations(tmp_path)
+    (base / "m" / "shard-00000.safetensors").unlink()
+    os.mkfifo(base / "m" / "shard-00000.safetensors")
+    data = surgery.activations.open(base)
+    with pytest.raises(ConfigError) as e:
+        data[0]
+    one_line(e, "activations: ", "not a regular file")
+
+
+def test_a_shard_whose_offsets_pass_its_end_is_refused(tmp_path: Path) -> None:
+    base = activations(tmp_path)
+    path = base / "m" / "shard-00000.safetensors"
+    raw = path.read_bytes()
+    (length,) = __import__("struct").unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    header["activations"]["data_offsets"] = [0, 10**6]
+    header["activations"]["shape"] = [2, 3, 10**6 // 24]
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length :])
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(base)[0]
+    one_line(e, "activations: ", "data_offsets", "out of range")
+
+
+def test_an_unknown_dtype_and_wrong_shapes_are_refused(tmp_path: Path) -> None:
+    base = activations(tmp_path, activations=torch.ones(2, 3, 2, dtype=torch.uint8))
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(base)[0]
+    one_line(e, "activations: ", "dtype 'U8'")
+    base = activations(tmp_path / "b", activations=torch.ones(2, 3, 5))
+    with pytest.raises(ConfigError) as e:
+        surgery.activations.open(base)[0]
+    one_line(e, "activations: ", "[2, 3, 5]", "[2, 3, 2]")
+
+
+def test_kept_positions_out_of_range_are_refused(tmp_path: Path) -> None:
+    base = activations(tmp_path, kept=torch.tensor([0, 1, 10**6], dtype=torch.int32))
+    data = surgery.activations.open(base)
+    with pytest.raises(ConfigError) as e:
+        data[2]
+    one_line(e, "activations: ", "kept positions")
