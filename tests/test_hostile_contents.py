@@ -142,3 +142,77 @@ def test_kept_positions_out_of_range_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         data[2]
     one_line(e, "activations: ", "kept positions")
+
+
+# ---------------------------------------------------------------- 2. SAELens directories (splice)
+
+
+def load_sae(directory: Path | str) -> Any:
+    from surgery.splice.formats import load
+
+    return load(str(directory), "actions.sae.path", None, None, None)
+
+
+def saelens(root: Path, **cfg: Any) -> Path:
+    from tests.splice_helpers import sae_tensors, write_saelens
+
+    return write_saelens(root, sae_tensors(4, 8), **cfg)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "words"),
+    [
+        ({"architecture": []}, ("architecture []", "a JSON array", "a string")),
+        ({"architecture": {"a": 1}}, ("architecture", "a JSON object")),
+        ({"architecture": "topk", "k": "many"}, ("k 'many'", "a whole number")),
+        ({"architecture": "topk", "k": -3}, ("k in", "out of range")),
+        ({"architecture": "topk", "activation_fn_kwargs": "k=3"}, ("activation_fn_kwargs",)),
+        ({"apply_b_dec_to_input": "no"}, ("apply_b_dec_to_input",)),
+        ({"normalize_activations": 3}, ("normalize_activations",)),
+        ({"dtype": ["float32"]}, ("dtype",)),
+        ({"d_in": 4.5}, ("d_in",)),
+        ({"architecture": "x" * 10_000}, ("architecture 'xxx", "...")),
+    ],
+)
+def test_a_hostile_cfg_json_is_refused_in_one_line(tmp_path: Path, cfg: dict[str, Any], words: tuple) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_sae(saelens(tmp_path / "sae", **cfg))
+    text = one_line(e, "actions.sae.path: ", *words)
+    assert len(text) < 400
+
+
+def test_a_cfg_json_with_nan_or_too_large_is_refused_before_parsing(tmp_path: Path) -> None:
+    directory = saelens(tmp_path / "sae")
+    (directory / "cfg.json").write_text('{"architecture": "topk", "k": NaN}')
+    with pytest.raises(ConfigError) as e:
+        load_sae(directory)
+    one_line(e, "actions.sae.path: ", "NaN")
+    (directory / "cfg.json").write_text('{"a": "' + "x" * (5 * 2**20) + '"}')
+    with pytest.raises(ConfigError) as e:
+        load_sae(directory)
+    one_line(e, "actions.sae.path: ", "MiB")
+
+
+@pytest.mark.parametrize("linked", ["cfg.json", "sae_weights.safetensors"])
+def test_files_of_an_sae_directory_linked_outside_are_refused_unread(tmp_path: Path, linked: str) -> None:
+    directory = saelens(tmp_path / "sae")
+    secret = tmp_path / "secret"
+    secret.write_text('{"architecture": "TOP-SECRET-VALUE"}')
+    (directory / linked).unlink()
+    os.symlink(secret, directory / linked)
+    with pytest.raises(ConfigError) as e:
+        load_sae(directory)
+    text = one_line(e, "actions.sae.path: ", "leads outside")
+    assert "TOP-SECRET" not in text
+
+
+def test_an_sae_directory_linked_outside_is_refused_under_safe_mode(tmp_path: Path) -> None:
+    from surgery.files import gate
+
+    start = tmp_path / "start"
+    start.mkdir()
+    saelens(tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", start / "sae")
+    with gate.confined(start), pytest.raises(ConfigError) as e:
+        load_sae(start / "sae")
+    one_line(e, "actions.sae.path: ", "outside the start directory")
