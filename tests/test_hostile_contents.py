@@ -216,3 +216,92 @@ def test_an_sae_directory_linked_outside_is_refused_under_safe_mode(tmp_path: Pa
     with gate.confined(start), pytest.raises(ConfigError) as e:
         load_sae(start / "sae")
     one_line(e, "actions.sae.path: ", "outside the start directory")
+
+
+# ---------------------------------------------------------------- 3. corpora, streamed
+
+
+@pytest.fixture(scope="module")
+def words() -> Any:
+    from tests.lm_helpers import word_tokenizer
+
+    return word_tokenizer(["the cat sat on a mat", "dog ran far"])
+
+
+def corpus(path: Path) -> Any:
+    from surgery.harvest.config import TextDatasetInput
+    from surgery.harvest.corpus import TextCorpus
+
+    return TextCorpus.open(TextDatasetInput(path=str(path), context=4))
+
+
+def rows(tokenizer: Any, opened: Any, limit_tokens: int | None = None) -> list[torch.Tensor]:
+    from surgery.harvest.corpus import packed_rows
+
+    return list(packed_rows(tokenizer, opened.documents(), 4, limit_tokens=limit_tokens))
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_a_single_line_longer_than_a_mib_is_refused_naming_file_and_line(
+    tmp_path: Path, words: Any, suffix: str
+) -> None:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    text = "the cat sat\n" + "dog " * (2**19)
+    if suffix == ".txt":
+        (folder / "a.txt").write_text(text)
+        path = folder
+    else:
+        path = tmp_path / "c.jsonl"
+        path.write_text(json.dumps({"text": "the cat"}) + "\n" + json.dumps({"text": text}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        rows(words, corpus(path))
+    one_line(e, "input.path: ", "line 2", "longer than")
+
+
+def test_invalid_utf8_is_refused_naming_file_and_line(tmp_path: Path, words: Any) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_bytes(b"the cat sat\non a mat\n\xff\xfe dog\n")
+    with pytest.raises(ConfigError) as e:
+        rows(words, corpus(tmp_path / "c"))
+    one_line(e, "input.path: ", "a.txt", "line 3", "UTF-8")
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces and tokenizer calls of 1,000 characters (1 MiB in the product): the same logic on small files."""
+    from surgery.harvest import corpus as module
+
+    monkeypatch.setattr(module, "PIECE_CHARS", 1000)
+    monkeypatch.setattr(module, "CHARS_PER_CALL", 1000)
+
+
+def test_limit_tokens_stops_reading_once_enough_tokens_are_taken(tmp_path: Path, words: Any, small_pieces: None) -> None:
+    (tmp_path / "c").mkdir()
+    line = b"the cat sat on a mat dog ran far\n"
+    body = line * 3000
+    (tmp_path / "c" / "a.txt").write_bytes(body + b"\xff broken at the very end\n")
+    opened = corpus(tmp_path / "c")
+    taken = rows(words, opened, limit_tokens=40)
+    assert len(taken) == 10 and opened.read < 1100 < len(body)
+
+
+def test_the_text_of_a_long_document_is_kept_whole_across_pieces(tmp_path: Path, words: Any, small_pieces: None) -> None:
+    (tmp_path / "c").mkdir()
+    line = "the cat sat on a mat dog ran far\n"
+    (tmp_path / "c" / "a.txt").write_text(line * 300)
+    (tmp_path / "c" / "b.txt").write_text("dog ran")
+    got = torch.cat(rows(words, corpus(tmp_path / "c")))
+    whole = words(line * 300, add_special_tokens=False)["input_ids"] + [words.eos_token_id]
+    whole += words("dog ran", add_special_tokens=False)["input_ids"]
+    assert got.tolist() == whole[: len(got)] and len(whole) - len(got) < 4
+
+
+def test_a_txt_linked_outside_the_corpus_is_refused(tmp_path: Path, words: Any) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("the cat sat on a mat")
+    (tmp_path / "secret.txt").write_text("TOP-SECRET")
+    os.symlink(tmp_path / "secret.txt", tmp_path / "c" / "b.txt")
+    with pytest.raises(ConfigError) as e:
+        corpus(tmp_path / "c")
+    one_line(e, "input.path: ", "b.txt", "outside")
