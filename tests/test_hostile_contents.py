@@ -305,3 +305,41 @@ def test_a_txt_linked_outside_the_corpus_is_refused(tmp_path: Path, words: Any) 
     with pytest.raises(ConfigError) as e:
         corpus(tmp_path / "c")
     one_line(e, "input.path: ", "b.txt", "outside")
+
+
+# ---------------------------------------------------------------- 6. replay
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)},"
+    f" *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+    for i in range(8)
+) + "model: *i\n"
+
+
+def run_dir(root: Path, config: str, report: str = '{"fingerprints": {"output": "abc"}}') -> Path:
+    (root / "run" / ".hydra").mkdir(parents=True)
+    (root / "run" / ".hydra" / "config.yaml").write_text(config)
+    (root / "run" / "report.json").write_text(report)
+    return root / "run"
+
+
+def test_replay_refuses_a_yaml_alias_bomb_at_once(tmp_path: Path) -> None:
+    from surgery.app.replay import load_run
+
+    with pytest.raises(SurgeryError) as e:
+        load_run(run_dir(tmp_path, BOMB))
+    one_line(e, str(tmp_path / "run" / ".hydra" / "config.yaml"), "refused YAML", "aliases")
+
+
+@pytest.mark.parametrize(
+    "report",
+    ['{"fingerprints": {"output": "abc"}, "environment": []}', '{"fingerprints": {"output": [1]}}',
+     '{"fingerprints": {"output": NaN}}', "[1, 2]"],
+)  # fmt: skip
+def test_replay_refuses_a_hostile_report_in_one_line(tmp_path: Path, report: str) -> None:
+    from surgery.app.replay import load_run
+
+    with pytest.raises(SurgeryError) as e:
+        load_run(run_dir(tmp_path, "model: {x: 1}\n", report))
+    one_line(e, str(tmp_path / "run" / "report.json"))
