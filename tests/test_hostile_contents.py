@@ -343,3 +343,21 @@ def test_replay_refuses_a_hostile_report_in_one_line(tmp_path: Path, report: str
     with pytest.raises(SurgeryError) as e:
         load_run(run_dir(tmp_path, "model: {x: 1}\n", report))
     one_line(e, str(tmp_path / "run" / "report.json"))
+
+
+# ---------------------------------------------------------------- 8. a _target_ refused under safe mode
+
+
+def test_every_shipped_model_but_hf_passes_the_composed_target_check() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from surgery.safe.hydra_tree import check_job_targets
+
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        for name in ("cnn", "gpt2_tiny", "mlp", "functions"):
+            check_job_targets(compose("config", overrides=[f"+model={name}", "safe=true"]))
+        evil = compose("config", overrides=["+model=cnn", "+model.inner._target_=os.system", "safe=true"])
+        with pytest.raises(ConfigError) as e:
+            check_job_targets(evil)
+        one_line(e, "model.inner._target_: 'os.system' is not on the safe-mode allowlist")
