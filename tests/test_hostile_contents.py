@@ -361,3 +361,58 @@ def test_every_shipped_model_but_hf_passes_the_composed_target_check() -> None:
         with pytest.raises(ConfigError) as e:
             check_job_targets(evil)
         one_line(e, "model.inner._target_: 'os.system' is not on the safe-mode allowlist")
+
+
+# ---------------------------------------------------------------- 7. sweep summaries
+
+
+def sweep_dir(root: Path, rows: int, cols: int) -> Path:
+    """A crafted sweep: a job per (a, b) with one metric, as Hydra's -m writes it."""
+    for n in range(rows * cols):
+        job = root / "sweep" / str(n)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- a={n // cols}\n- b={n % cols}\n")
+        report = {"mode": "run", "metrics": {"surgered": {"acc": n / 10}, "unmodified": {"acc": 1.0}}}
+        (job / "report.json").write_text(json.dumps(report))
+    return root / "sweep"
+
+
+def test_a_heatmap_too_large_is_not_drawn_and_the_csv_is_still_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from surgery.app import sweep, sweep_plots
+
+    assert sweep_plots.too_large(1, cells=4000 * 4000) is not None  # 4,000 crafted jobs: refused from the count
+    assert sweep_plots.heatmap_cells({str(i): str(i) for i in range(4000)}, {str(i): str(i) for i in range(4000)})
+    monkeypatch.setattr(sweep_plots, "MAX_CELLS", 10)  # the same bound, on 12 jobs
+    root = sweep_dir(tmp_path, 4, 3)
+    notes: list[str] = []
+    written = sweep.write_summary(root, notes=notes)
+    assert [p.name for p in written] == ["summary.csv", "summary.md"] and not (root / "summary.png").exists()
+    assert len((root / "summary.csv").read_text().splitlines()) == 13
+    assert notes == ["summary.png not drawn: a heatmap of 12 cells, more than 10; summary.csv holds every value"]
+    assert "Note: summary.png not drawn" in (root / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("report", ['{"mode": "run", "x": NaN}', "[" * 100_000, "{" + " " * (65 * 2**20) + "}"])
+def test_a_hostile_report_json_is_one_line(tmp_path: Path, report: str) -> None:
+    from surgery.app import sweep
+    from surgery.errors import SweepError
+
+    root = sweep_dir(tmp_path, 1, 2)
+    (root / "1" / "report.json").write_text(report)
+    with pytest.raises(SweepError) as e:
+        sweep.collect(root)
+    one_line(e, str(root / "1" / "report.json"))
+
+
+def test_a_job_directory_linked_from_outside_is_refused(tmp_path: Path) -> None:
+    from surgery.app import sweep
+    from surgery.errors import SweepError
+
+    root = sweep_dir(tmp_path, 1, 1)
+    sweep_dir(tmp_path / "other", 1, 1)
+    os.symlink(tmp_path / "other" / "sweep" / "0", root / "1")
+    with pytest.raises(SweepError) as e:
+        sweep.collect(root)
+    one_line(e, str(root), "leads outside")
