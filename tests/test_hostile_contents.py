@@ -416,3 +416,47 @@ def test_a_job_directory_linked_from_outside_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SweepError) as e:
         sweep.collect(root)
     one_line(e, str(root), "leads outside")
+
+
+# ---------------------------------------------------------------- 4. tokenizers
+
+
+class PanicException(BaseException):  # noqa: N818 - pyo3's name for a Rust panic surfacing in Python
+    """What pyo3 raises when Rust code panics (a BaseException, not an Exception)."""
+
+
+def test_a_tokenizer_that_panics_in_rust_is_one_line_naming_the_file(
+    tmp_path: Path, words: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    from surgery.lm.text import load_tokenizer
+
+    words.save_pretrained(tmp_path / "tok")
+    file = tmp_path / "tok" / "tokenizer.json"
+
+    def panics(*args: Any, **kwargs: Any) -> Any:
+        raise PanicException("called `Result::unwrap()` on an `Err` value: regex\nstack backtrace:\n  0: ...")
+
+    monkeypatch.setattr(transformers, "PreTrainedTokenizerFast", panics)
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer(file)
+    one_line(e, "input.tokenizer: ", str(file), "panicked")
+
+
+def test_a_tokenizer_linked_outside_or_a_fifo_is_refused(tmp_path: Path, words: Any) -> None:
+    from surgery.files import gate
+    from surgery.lm.text import load_tokenizer
+
+    words.save_pretrained(tmp_path / "tok")
+    start = tmp_path / "start"
+    start.mkdir()
+    os.symlink(tmp_path / "tok" / "tokenizer.json", start / "tokenizer.json")
+    with gate.confined(start), pytest.raises(ConfigError) as e:
+        load_tokenizer(start / "tokenizer.json")
+    one_line(e, "input.tokenizer: ", "outside the start directory")
+    (tmp_path / "tok" / "vocab.json").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "tok" / "vocab.json")
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer(tmp_path / "tok")
+    one_line(e, "input.tokenizer: ", "not a regular file")
