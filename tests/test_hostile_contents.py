@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,9 @@ def activations(root: Path, manifest: dict[str, Any] | None = None, **shard: tor
     base = root / "acts"
     (base / "m").mkdir(parents=True)
     (base / "token_ids").mkdir()
-    save_file({"activations": shard.get("activations", torch.ones(2, 3, 2))}, str(base / "m" / "shard-00000.safetensors"))
+    save_file(
+        {"activations": shard.get("activations", torch.ones(2, 3, 2))}, str(base / "m" / "shard-00000.safetensors")
+    )
     kept = shard.get("kept", torch.arange(6, dtype=torch.int32))
     ids = torch.zeros(2, 3, dtype=torch.int32)
     save_file({"input_ids": ids, "kept": kept}, str(base / "token_ids" / "shard-00000.safetensors"))
@@ -276,7 +277,9 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "CHARS_PER_CALL", 1000)
 
 
-def test_limit_tokens_stops_reading_once_enough_tokens_are_taken(tmp_path: Path, words: Any, small_pieces: None) -> None:
+def test_limit_tokens_stops_reading_once_enough_tokens_are_taken(
+    tmp_path: Path, words: Any, small_pieces: None
+) -> None:
     (tmp_path / "c").mkdir()
     line = b"the cat sat on a mat dog ran far\n"
     body = line * 3000
@@ -286,7 +289,9 @@ def test_limit_tokens_stops_reading_once_enough_tokens_are_taken(tmp_path: Path,
     assert len(taken) == 10 and opened.read < 1100 < len(body)
 
 
-def test_the_text_of_a_long_document_is_kept_whole_across_pieces(tmp_path: Path, words: Any, small_pieces: None) -> None:
+def test_the_text_of_a_long_document_is_kept_whole_across_pieces(
+    tmp_path: Path, words: Any, small_pieces: None
+) -> None:
     (tmp_path / "c").mkdir()
     line = "the cat sat on a mat dog ran far\n"
     (tmp_path / "c" / "a.txt").write_text(line * 300)
@@ -310,11 +315,13 @@ def test_a_txt_linked_outside_the_corpus_is_refused(tmp_path: Path, words: Any) 
 # ---------------------------------------------------------------- 6. replay
 
 
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)},"
-    f" *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
-    for i in range(8)
-) + "model: *i\n"
+BOMB = (
+    "a: &a [x, x, x, x, x, x, x, x, x]\n"
+    + "".join(  # nine levels of nine aliases: 9**9 nodes
+        f"{new}: &{new} [{', '.join([f'*{old}'] * 9)}]\n" for old, new in zip("abcdefgh", "bcdefghi")
+    )
+    + "model: *i\n"
+)
 
 
 def run_dir(root: Path, config: str, report: str = '{"fingerprints": {"output": "abc"}}') -> Path:
@@ -460,3 +467,20 @@ def test_a_tokenizer_linked_outside_or_a_fifo_is_refused(tmp_path: Path, words: 
     with pytest.raises(ConfigError) as e:
         load_tokenizer(tmp_path / "tok")
     one_line(e, "input.tokenizer: ", "not a regular file")
+
+
+# ---------------------------------------------------------------- through the command line: exit 2, one line
+
+
+def test_replay_of_an_alias_bomb_exits_2_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    directory = run_dir(tmp_path, BOMB)
+    result = subprocess.run([sys.executable, "-m", "surgery.replay", str(directory)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "refused YAML" in lines[0], result.stderr

@@ -20,7 +20,7 @@ LABELLED_CELLS = 400  # heatmaps larger than this leave out the number in each c
 
 
 def too_large(panels: int, cells: int = 0, points: int = 0) -> str | None:
-    """Why a figure of ``panels`` panels, each ``cells`` heatmap cells or ``points`` points, is not drawn; None if fine."""
+    """Why a figure of ``panels`` panels (``cells`` heatmap cells or ``points`` points each) is not drawn, or None."""
     if panels > MAX_PANELS:
         return f"{panels} metrics, more than the {MAX_PANELS} panels a figure holds"
     if cells > MAX_CELLS:

@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ class TextCorpus:
                     )
                 yield _text(row[self.column], f"line {number}'s {self.column!r}")
         finally:
-            lines.close()  # a corpus left early (limit_tokens reached) closes its file now
+            _close(lines)  # a corpus left early (limit_tokens reached) closes its file now
 
     def _check_jsonl_column(self) -> None:
         """The first line already names the column (a wrong ``column`` is refused before any work)."""
@@ -161,11 +161,17 @@ class TextCorpus:
         return data.select_columns([self.column])
 
 
+def _close(lines: Iterator[str]) -> None:
+    close = getattr(lines, "close", None)  # gate.text_lines is a generator: closing it closes the file
+    if close is not None:
+        close()
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def _pieces(lines: Generator[str, None, None]) -> Iterator[str]:
+def _pieces(lines: Iterator[str]) -> Iterator[str]:
     """A document's text from its lines: whole when short, else pieces of whole lines (each after the first
     :class:`Continued`)."""
     try:
@@ -183,7 +189,7 @@ def _pieces(lines: Generator[str, None, None]) -> Iterator[str]:
             text = "".join(held)
             yield text if first else Continued(text)
     finally:
-        lines.close()
+        _close(lines)
 
 
 def _text(value: Any, what: str) -> str:

@@ -206,7 +206,8 @@ def _load_dir(
 # cfg.json keys splice reads -> the JSON types each may hold (None: absent or null)
 CFG_TYPES: dict[str, tuple[type, ...]] = {
     "architecture": (str,), "activation_fn": (str,), "activation_fn_str": (str,), "activation_fn_kwargs": (dict,),
-    "normalize_activations": (str, bool), "reshape_activations": (str,), "finetuning_scaling_factor": (bool, int, float),
+    "normalize_activations": (str, bool), "reshape_activations": (str,),
+    "finetuning_scaling_factor": (bool, int, float),
     "dtype": (str,), "k": (int,), "apply_b_dec_to_input": (bool,), "rescale_acts_by_decoder_norm": (bool,),
     "d_in": (int,), "d_sae": (int,), "d_out": (int,),
 }  # fmt: skip
