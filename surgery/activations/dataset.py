@@ -8,10 +8,6 @@ the DataLoader's (``shuffle=True``); each worker maps the files itself.
 from __future__ import annotations
 
 import bisect
-import json
-import mmap
-import struct
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +15,14 @@ import torch
 from torch.utils.data import Dataset
 
 from surgery.errors import ConfigError
+from surgery.files import gate
+from surgery.files.maps import map_safetensors
 
 __all__ = ["ActivationDataset", "open"]
 
 MANIFEST = "manifest.json"  # the names surgery/harvest/shards.py writes (tests/test_harvest.py checks they agree)
 TOKENS = "token_ids"
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "I64": torch.int64, "I32": torch.int32}  # fmt: skip
-HEADER_MAX = 100 * 2**20  # a safetensors header larger than this is not one of ours
+KEY = "activations"  # what a refusal names: the dataset directory given to open()
 
 
 def open(directory: str | Path, by: str = "token") -> ActivationDataset:  # noqa: A001 - the name the SPEC gives
@@ -44,19 +40,25 @@ class ActivationDataset(Dataset):
     def __init__(self, directory: str | Path, by: str = "token") -> None:
         if by not in ("token", "row"):
             raise ConfigError(f"by: {by!r} is not one of token, row")
-        self.directory, self.by = Path(directory), by
-        path = self.directory / MANIFEST
-        if not path.is_file():
-            raise ConfigError(f"{str(self.directory)!r} has no {MANIFEST}; give the activations/ folder of a harvest")
-        self.manifest: dict[str, Any] = json.loads(path.read_text())
-        if not self.manifest.get("complete"):
+        self.directory, self.by = gate.config_path(directory, KEY), by
+        if not (self.directory / MANIFEST).is_file():
             raise ConfigError(
-                f"{str(self.directory)!r} holds an unfinished harvest; rerun its command in the same run directory"
-                " to finish it"
+                f"{KEY}: {str(self.directory)!r} has no {MANIFEST}; give the activations/ folder of a harvest"
             )
-        self.sites: list[str] = list(self.manifest["sites"])
-        self.context: int = int(self.manifest["context"])
-        shards = self.manifest["shards"]
+        path = gate.member(self.directory, MANIFEST, KEY, "the manifest")
+        self.manifest: dict[str, Any] = gate.read_json_object(path, KEY)
+        if self.manifest.get("complete") is not True:
+            raise ConfigError(
+                f"{KEY}: {str(self.directory)!r} holds an unfinished harvest; rerun its command in the same run"
+                " directory to finish it"
+            )
+        self.sites, self.context, shards = _checked(self.manifest, path)
+        self._files = {
+            (site, number): gate.member(self.directory, f"{site}/shard-{number:05d}.safetensors", KEY, "a shard")
+            for site in (*self.sites, TOKENS)
+            for number in range(len(shards))
+        }
+        self._shards = shards
         counts = [s["kept"] for s in shards] if by == "token" else [s["rows"] for s in shards]
         self._starts = [0]
         for count in counts:
@@ -139,35 +141,62 @@ class ActivationDataset(Dataset):
     def _tensors(self, site: str, shard: int) -> dict[str, torch.Tensor]:
         found = self._maps.get((site, shard))
         if found is None:
-            found = self._maps[(site, shard)] = mapped(self.directory / site / f"shard-{shard:05d}.safetensors")
+            found = self._maps[(site, shard)] = self._mapped(site, shard)
         return found
+
+    def _mapped(self, site: str, shard: int) -> dict[str, torch.Tensor]:
+        """A shard's tensors, mapped, their shapes checked against the manifest (a damaged file is refused here)."""
+        path = self._files[(site, shard)]
+        tensors = map_safetensors(path, KEY)
+        rows, kept = self._shards[shard]["rows"], self._shards[shard]["kept"]
+        wanted = {"input_ids": [rows, self.context], "kept": [kept]} if site == TOKENS else {
+            "activations": [rows, self.context, *self.manifest["sites"][site]["shape"]]
+        }  # fmt: skip
+        for name, shape in wanted.items():
+            if name not in tensors or list(tensors[name].shape) != shape:
+                found = list(tensors[name].shape) if name in tensors else "no such tensor"
+                raise ConfigError(
+                    f"{KEY}: {str(path)!r} holds {name!r} of shape {found}, but the manifest says {shape}; the"
+                    " dataset is damaged or not a harvest's"
+                )
+        if site == TOKENS and kept:
+            positions = tensors["kept"]
+            if positions.is_floating_point() or int(positions.min()) < 0 or int(positions.max()) >= rows * self.context:
+                raise ConfigError(
+                    f"{KEY}: {str(path)!r} lists kept positions outside its {rows} x {self.context} tokens; the dataset"
+                    " is damaged"
+                )
+        return tensors
 
     def __repr__(self) -> str:
         return f"ActivationDataset({str(self.directory)!r}, by={self.by!r}, items={len(self)}, sites={self.sites})"
 
 
-def mapped(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file as views into a private memory map of it (nothing read until used)."""
-    with path.open("rb") as file:
-        size = path.stat().st_size
-        (length,) = struct.unpack("<Q", file.read(8))
-        if not 0 < length <= min(HEADER_MAX, size - 8):
-            raise ConfigError(f"{str(path)!r} is not a safetensors file")
-        header = json.loads(file.read(length))
-        memory = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
-    start = 8 + length
-    tensors: dict[str, torch.Tensor] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-        begin, end = entry["data_offsets"]
-        count = (end - begin) // dtype.itemsize
-        if count == 0:
-            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(memory, dtype=dtype, count=count, offset=start + begin)
-        tensors[name] = flat.view(entry["shape"])
-    return tensors
+def _checked(manifest: dict[str, Any], path: Path) -> tuple[list[str], int, list[dict[str, int]]]:
+    """The manifest's sites, context and shards, every name and number checked before any is used."""
+    sites, shards = manifest.get("sites"), manifest.get("shards")
+    where = f"{KEY}: {str(path)!r}"
+    if not isinstance(sites, dict) or not sites:
+        raise ConfigError(f"{where} has sites {_short(sites)}; a harvest's manifest maps each module to its shape")
+    for site, about in sites.items():
+        if site == TOKENS:
+            raise ConfigError(f"{where} names the site {site!r}, which is not a module name; refused")
+        shape = about.get("shape") if isinstance(about, dict) else None
+        if not isinstance(shape, list) or len(shape) > 6:
+            raise ConfigError(f"{where} gives site {site!r} the shape {_short(shape)}; a list of sizes is read")
+        for size in shape:
+            gate.whole(size, f"{KEY}: {site!r} shape in {str(path)!r}", 1, 2**31)
+    context = gate.whole(manifest.get("context"), f"{where} context", 1, 2**31)
+    if not isinstance(shards, list):
+        raise ConfigError(f"{where} has shards {_short(shards)}; a list of {{rows, kept}} is read")
+    for number, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise ConfigError(f"{where} shard {number} is {_short(shard)}, not {{rows, kept}}")
+        rows = gate.whole(shard.get("rows"), f"{where} shard {number} rows", 0, 2**40)
+        gate.whole(shard.get("kept"), f"{where} shard {number} kept", 0, rows * context)
+    return list(sites), context, shards
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

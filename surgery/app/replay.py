@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import sys
 import tempfile
@@ -54,16 +53,26 @@ def load_run(run_dir: Path) -> tuple[DictConfig, dict[str, Any]]:
             raise ReplayError(
                 f"{run_dir}: no {needed.relative_to(run_dir)}; is this a run directory of `python -m surgery`?"
             )
+    from surgery.files import gate
+    from surgery.safe import yaml_guard
+
+    yaml_guard.install()  # an alias bomb in the saved config is refused as it is read, before it expands
     try:
-        cfg = OmegaConf.load(config_file)
-        report = json.loads(report_file.read_text())
+        text = gate.read_text(config_file, str(config_file), what="a saved job config")
+        report = gate.read_json_object(report_file, str(report_file))
+        cfg = OmegaConf.create(text)
+    except SurgeryError as e:  # the YAML guard names the text it read; say which file that was
+        raise ReplayError(str(e).replace("<unicode string>", str(config_file))) from None
     except Exception as e:  # noqa: BLE001 - any parse failure is bad input
-        raise ReplayError(f"{run_dir}: cannot read the saved run ({type(e).__name__}: {e})") from None
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise ReplayError(f"{run_dir}: cannot read the saved run ({type(e).__name__}: {first})") from None
     if not isinstance(cfg, DictConfig) or cfg.get("model") is None:
         raise ReplayError(f"{config_file}: not a surgery job config (no model)")
-    prints = report.get("fingerprints") if isinstance(report, dict) else None
-    if not isinstance(prints, dict) or not prints:
-        raise ReplayError(f"{report_file}: holds no fingerprints to compare")
+    prints = report.get("fingerprints")
+    if not isinstance(prints, dict) or not prints or not all(isinstance(v, str) for v in prints.values()):
+        raise ReplayError(f"{report_file}: holds no fingerprints to compare (a table of names to hashes)")
+    if not isinstance(report.get("environment", {}), dict):
+        raise ReplayError(f"{report_file}: its environment is not a table; not a report surgery wrote")
     return cfg, report
 
 

@@ -14,21 +14,22 @@ import argparse
 import csv
 import difflib
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from surgery.app.sweep_plots import plot_heatmaps, plot_metric, plot_metrics
-from surgery.errors import EXIT_BAD_INPUT, SweepError
-from surgery.files.write import write_atomic
+from surgery.app.sweep_plots import heatmap_cells, plot_heatmaps, plot_metric, plot_metrics, too_large
+from surgery.errors import EXIT_BAD_INPUT, SurgeryError, SweepError
+from surgery.files import gate
+from surgery.files.write import write_text
 
 DEFAULT_METRIC = "difference.max_abs"
 METRICS = ("difference.max_abs", "difference.mean_abs", "difference.mse", "difference.kl", "output.mean", "output.std")
 FINGERPRINT_CHARS = 12
 MAX_REPORT_BYTES = 64 * 2**20  # a report.json is kilobytes; a bigger file is not one
+MAX_ENTRIES = 1_000_000  # entries looked at when searching a directory for nested sweeps
 
 
 def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
@@ -44,7 +45,13 @@ def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
     root = Path(sweep_dir)
     if not root.is_dir():
         raise SweepError(f"{root}: no such directory")
-    dirs = [d for d in root.iterdir() if d.is_dir() and _is_job_dir(d)]
+    try:
+        dirs = [root / name for name in gate.listing(root, str(root))]
+        dirs = [d for d in dirs if d.is_dir() and _is_job_dir(d)]
+        for d in dirs:  # a job directory linked from elsewhere is not this sweep's
+            gate.member(root, d.name, str(root), "a job directory")
+    except SurgeryError as e:
+        raise SweepError(str(e)) from None
     if not any((d / "report.json").is_file() for d in dirs):
         raise SweepError(_no_reports_message(root))
     jobs = []
@@ -63,14 +70,9 @@ def read_report(report_file: Path) -> dict[str, Any] | None:
     if not report_file.is_file():
         return None
     try:
-        if report_file.stat().st_size > MAX_REPORT_BYTES:
-            raise SweepError(
-                f"{report_file}: {report_file.stat().st_size:,} bytes, not a report (at most {MAX_REPORT_BYTES:,})"
-            )
-        report = json.loads(report_file.read_text())
-    except (OSError, ValueError, RecursionError) as e:
-        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise SweepError(f"{report_file}: not a readable report ({why})") from None
+        report = gate.read_json(report_file, str(report_file), MAX_REPORT_BYTES)
+    except SurgeryError as e:
+        raise SweepError(f"{e} (not a readable report)") from None
     if not isinstance(report, dict):
         raise SweepError(f"{report_file}: not a report (a JSON object expected, found {type(report).__name__})")
     if not isinstance(report.get("mode", "run"), str):
@@ -89,8 +91,14 @@ def read_overrides(job_dir: Path) -> dict[str, str]:
     path = job_dir / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return {}
+    from surgery.safe import yaml_guard
+
+    yaml_guard.install()  # an alias bomb is refused as it is read
     try:
-        lines = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or []
+        text = gate.read_text(path, str(path), what="Hydra's list of overrides")
+        lines = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or []
+    except SurgeryError as e:
+        raise SweepError(str(e).replace("<unicode string>", str(path))) from None
     except Exception as e:  # noqa: BLE001 - YAML or OmegaConf refusing the file: it is not Hydra's
         raise SweepError(f"{path}: not Hydra's list of overrides ({type(e).__name__})") from None
     if not isinstance(lines, list):
@@ -155,45 +163,52 @@ def metric_names(jobs: list[dict[str, Any]]) -> list[str]:
 
 
 def write_summary(
-    sweep_dir: str | Path, metric: str | None = None, x: str | None = None, plot: bool = True
-) -> list[Path]:
+    sweep_dir: str | Path, metric: str | None = None, x: str | None = None, plot: bool = True,
+    notes: list[str] | None = None,
+) -> list[Path]:  # fmt: skip
     """Collect, check metric and x, write ``summary.csv``, ``summary.md``, ``summary.png``; return the paths.
 
     Without ``metric``, a sweep whose reports hold metrics plots every metric (a heatmap per metric when
     two overrides vary); other sweeps plot ``difference.max_abs``.
     """
     root = Path(sweep_dir)
-    return write_collected(root, collect(root), metric, x, plot)
+    return write_collected(root, collect(root), metric, x, plot, notes)
 
 
 def write_collected(
-    root: Path, jobs: list[dict[str, Any]], metric: str | None, x: str | None, plot: bool
-) -> list[Path]:
-    """``write_summary`` for collected jobs; when plotting, nothing is written unless metric and x are usable."""
+    root: Path, jobs: list[dict[str, Any]], metric: str | None, x: str | None, plot: bool,
+    notes: list[str] | None = None,
+) -> list[Path]:  # fmt: skip
+    """``write_summary`` for collected jobs; when plotting, nothing is written unless metric and x are usable.
+
+    A figure too large to draw (:func:`too_large`) is left out: ``notes`` (and summary.md) say why.
+    """
+    notes = [] if notes is None else notes
     if metric is None and metric_names(jobs):
-        return write_metric_summary(root, jobs, x, plot)
+        return write_metric_summary(root, jobs, x, plot, notes)
     metric = metric or DEFAULT_METRIC
     points = metric_points(jobs, metric) if plot else {}
     axis = choose_x(jobs, x, points) if plot else None
     has_metric = plot or any(lookup(job["report"], metric) is not None for job in jobs)
     rows = summary_rows(jobs, metric if has_metric else None)
-    written = [root / "summary.csv", root / "summary.md"]
-    write_atomic(written[0], lambda p: p.write_text(to_csv(rows)))
-    write_atomic(written[1], lambda p: p.write_text(to_markdown(rows, root)))
-    if axis is not None:
+    why = too_large(1, points=len(points)) if axis is not None else None
+    if why is not None:
+        notes.append(_not_drawn(why))
+    written = _write_tables(root, rows, notes)
+    if axis is not None and why is None:
         written.append(root / "summary.png")
-        write_atomic(written[2], lambda p: plot_metric(p, points, metric, axis))
+        plot_metric(written[2], points, metric, axis)
     return written
 
 
-def write_metric_summary(root: Path, jobs: list[dict[str, Any]], x: str | None, plot: bool) -> list[Path]:
+def write_metric_summary(
+    root: Path, jobs: list[dict[str, Any]], x: str | None, plot: bool, notes: list[str] | None = None
+) -> list[Path]:
     """summary.csv/.md with every metric, and summary.png: each metric over the sweep (heatmaps over two keys)."""
+    notes = [] if notes is None else notes
     rows = summary_rows(jobs)
-    written = [root / "summary.csv", root / "summary.md"]
-    write_atomic(written[0], lambda p: p.write_text(to_csv(rows)))
-    write_atomic(written[1], lambda p: p.write_text(to_markdown(rows, root)))
     if not plot:
-        return written
+        return _write_tables(root, rows, notes)
     names = metric_names(jobs)
     values = {m: metric_points(jobs, f"metrics.surgered.{m}") for m in names if _any_number(jobs, m)}
     first = _first_report(jobs)
@@ -203,12 +218,34 @@ def write_metric_summary(root: Path, jobs: list[dict[str, Any]], x: str | None, 
     if x is None and len(changing) == 2:
         rows_of = {job["job"]: str(job["overrides"].get(changing[0], "")) for job in jobs}
         cols_of = {job["job"]: str(job["overrides"].get(changing[1], "")) for job in jobs}
-        write_atomic(path, lambda p: plot_heatmaps(p, values, rows_of, cols_of, (changing[0], changing[1])))
+        why = too_large(len(values), cells=heatmap_cells(rows_of, cols_of))
+        draw = lambda: plot_heatmaps(path, values, rows_of, cols_of, (changing[0], changing[1]))  # noqa: E731
     else:
         any_points = next(iter(values.values()))
-        axis = choose_x(jobs, x, any_points)
-        write_atomic(path, lambda p: plot_metrics(p, values, baseline, axis))
-    return [*written, path]
+        why = too_large(len(values), points=len(any_points))
+        axis = choose_x(jobs, x, any_points) if why is None else {}
+        draw = lambda: plot_metrics(path, values, baseline, axis)  # noqa: E731
+    if why is not None:
+        notes.append(_not_drawn(why))
+    written = _write_tables(root, rows, notes)
+    if why is None:
+        draw()
+        written.append(path)
+    return written
+
+
+def _not_drawn(why: str) -> str:
+    return f"summary.png not drawn: {why}; summary.csv holds every value"
+
+
+def _write_tables(root: Path, rows: list[dict[str, Any]], notes: list[str]) -> list[Path]:
+    written = [root / "summary.csv", root / "summary.md"]
+    write_text(written[0], to_csv(rows), "summary.csv")
+    markdown = to_markdown(rows, root)
+    if notes:
+        markdown += "\n" + "".join(f"Note: {note}.\n" for note in notes)
+    write_text(written[1], markdown, "summary.md")
+    return written
 
 
 def _any_number(jobs: list[dict[str, Any]], name: str) -> bool:
@@ -309,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         jobs = collect(args.dir)
-        written = write_collected(Path(args.dir), jobs, args.metric, args.x, plot=not args.no_plot)
+        notes: list[str] = []
+        written = write_collected(Path(args.dir), jobs, args.metric, args.x, not args.no_plot, notes)
     except (SweepError, RecursionError) as e:
         from surgery.app.hydra_hooks import printable
 
@@ -319,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = [job["job"] for job in jobs if job["report"] is None]
     note = f" ({len(missing)} without a report: {', '.join(missing)})" if missing else ""
     print(f"collected {len(jobs)} job(s){note}; wrote {', '.join(str(p) for p in written)}")
+    for line in notes:
+        print(f"note: {line}")
     return 0
 
 
@@ -331,8 +371,13 @@ def _job_order(path: Path) -> tuple[int, int, str]:
 
 
 def _no_reports_message(root: Path) -> str:
-    nested = sorted({str(p.parent.parent.relative_to(root)) for p in root.glob("*/*/*/report.json")})
-    nested += sorted({str(p.parent.parent.relative_to(root)) for p in root.glob("*/*/report.json")})
+    try:
+        found = [p.relative_to(root) for p in gate.walk(root, str(root), "report.json", MAX_ENTRIES)]
+    except SurgeryError as e:
+        raise SweepError(str(e)) from None
+    reports = [p for p in found if p.name == "report.json"]
+    nested = sorted({str(p.parent.parent) for p in reports if len(p.parts) == 4})
+    nested += sorted({str(p.parent.parent) for p in reports if len(p.parts) == 3})
     if nested:
         return f"{root}: no job reports directly inside (DIR/N/report.json); sweeps inside it: {', '.join(nested)}"
     return f"{root}: no job reports (DIR/N/report.json) found; is this a sweep directory (hydra.sweep.dir)?"

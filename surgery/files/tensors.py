@@ -24,6 +24,7 @@ import torch
 from surgery.core.limits import GB, active, check_memory
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
+from surgery.files import gate
 from surgery.files.images import read_png
 from surgery.files.paths import must_be_file, read_failure
 
@@ -49,7 +50,7 @@ def _declared(path: Path, key: str, nbytes: float, what: str = "tensors") -> Non
 def safetensors_bytes(path: Path, key: str) -> int:
     """The bytes of every tensor a .safetensors header declares, checked against the file's size."""
     size = path.stat().st_size
-    with path.open("rb") as f:
+    with gate.open_regular(path, key) as f:
         head = f.read(8)
         length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
         if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
@@ -108,7 +109,7 @@ def npy_header(f: IO[bytes], where: str, key: str) -> tuple[tuple[int, ...], np.
 
 def npy_bytes(path: Path, key: str) -> int:
     """The bytes an .npy file declares, refused past the bytes the file holds."""
-    with path.open("rb") as f:
+    with gate.open_regular(path, key) as f:
         shape, dtype = npy_header(f, repr(str(path)), key)
         offset = f.tell()
     nbytes = math.prod(shape) * dtype.itemsize

@@ -1,11 +1,14 @@
 """``input.kind: text_dataset``: a text corpus streamed, tokenized and packed into rows of ``context`` tokens.
 
 The corpus is a ``datasets`` directory (``save_to_disk``; its ``column``), a ``.jsonl`` file (each line an
-object; its ``column`` key) or a folder of ``.txt`` files (each file one document, read whole, in sorted
-path order). Documents are read one at a time and tokenized without special tokens, a few at a time; the
-token streams are joined end to end with the tokenizer's end-of-text token between two documents, and the
-joined stream is cut into rows of exactly ``context`` tokens (the last, partial row is dropped). Only the
-documents being tokenized and one row are in memory, whatever the corpus's size.
+object; its ``column`` key) or a folder of ``.txt`` files (each file one document, in sorted path order).
+Files are streamed line by line through the gate (an over-long line or invalid UTF-8 is refused naming
+file and line); a long ``.txt`` document is handed out in pieces of whole lines (:class:`Continued`), so
+``limit_tokens`` stops reading soon after enough tokens are taken. Documents are tokenized without special
+tokens, a few at a time; the token streams are joined end to end with the tokenizer's end-of-text token
+between two documents, and the joined stream is cut into rows of exactly ``context`` tokens (the last,
+partial row is dropped). Only the documents being tokenized and one row are in memory, whatever the
+corpus's size.
 
 Example::
 
@@ -24,9 +27,18 @@ from typing import Any
 import torch
 
 from surgery.errors import ConfigError
+from surgery.files import gate
 from surgery.harvest.config import TextDatasetInput
 
 DOCUMENTS_PER_CALL = 64  # documents tokenized in one call of the (Rust, batched) tokenizer
+CHARS_PER_CALL = 2**20  # ... or fewer, once they hold this many characters (read no further ahead than this)
+PIECE_CHARS = 2**20  # a .txt document longer than this is handed out in pieces of whole lines
+
+
+class Continued(str):
+    """A piece of a document that continues the piece before it (no end-of-text token between them)."""
+
+    __slots__ = ()
 
 
 class TextCorpus:
@@ -39,9 +51,9 @@ class TextCorpus:
     @classmethod
     def open(cls, config: TextDatasetInput) -> TextCorpus:
         """The corpus ``config.path`` names, refused when it is missing, unreadable or lacks ``config.column``."""
-        path = Path(str(config.path)).expanduser()
         if str(config.path) in ("", "???"):
             raise ConfigError("input.path: name the corpus: a datasets directory, a .jsonl file or a folder of .txt")
+        path = gate.config_path(Path(str(config.path)).expanduser(), "input.path")
         if not path.exists():
             raise ConfigError(
                 f"input.path: {str(path)!r} does not exist; give a datasets directory (save_to_disk), a .jsonl file"
@@ -60,7 +72,7 @@ class TextCorpus:
             corpus = cls(path, "datasets", config.column, config.split, [])
             corpus._dataset()  # opened once now: a wrong column or split is refused before anything runs
             return corpus
-        texts = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        texts = gate.walk(path, "input.path", ".txt")
         if not texts:
             raise ConfigError(
                 f"input.path: {str(path)!r} holds no .txt file and is not a datasets directory; give a folder of"
@@ -77,13 +89,13 @@ class TextCorpus:
     @property
     def size(self) -> int:
         """Bytes of the corpus on disk (the .jsonl, the .txt files, a datasets directory's Arrow files)."""
-        files = self.files if self.kind != "datasets" else list(self.path.rglob("*.arrow"))
+        files = self.files if self.kind != "datasets" else gate.walk(self.path, "input.path", ".arrow")
         return sum(f.stat().st_size for f in files)
 
     def _texts(self) -> Iterator[str]:
         if self.kind == "txt":
             for file in self.files:
-                yield file.read_text(encoding="utf-8", errors="replace")
+                yield from _pieces(gate.text_lines(file, "input.path"))
         elif self.kind == "jsonl":
             yield from self._jsonl()
         else:
@@ -96,12 +108,15 @@ class TextCorpus:
         return {"path": str(self.path.resolve()), "kind": self.kind, "column": self.column, "split": self.split}
 
     def _jsonl(self) -> Iterator[str]:
-        with self.path.open(encoding="utf-8") as lines:
+        lines = gate.text_lines(self.path, "input.path")
+        try:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line, parse_constant=_no_constant)
+                except RecursionError:
+                    raise ConfigError(f"input.path: line {number} of {str(self.path)!r} is nested too deeply") from None
                 except ValueError as e:
                     raise ConfigError(f"input.path: line {number} of {str(self.path)!r} is not JSON ({e})") from None
                 if not isinstance(row, dict) or self.column not in row:
@@ -110,6 +125,8 @@ class TextCorpus:
                         f"input.column: line {number} of {str(self.path)!r} has no {self.column!r} (it has {keys})"
                     )
                 yield _text(row[self.column], f"line {number}'s {self.column!r}")
+        finally:
+            _close(lines)  # a corpus left early (limit_tokens reached) closes its file now
 
     def _check_jsonl_column(self) -> None:
         """The first line already names the column (a wrong ``column`` is refused before any work)."""
@@ -144,6 +161,37 @@ class TextCorpus:
         return data.select_columns([self.column])
 
 
+def _close(lines: Iterator[str]) -> None:
+    close = getattr(lines, "close", None)  # gate.text_lines is a generator: closing it closes the file
+    if close is not None:
+        close()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _pieces(lines: Iterator[str]) -> Iterator[str]:
+    """A document's text from its lines: whole when short, else pieces of whole lines (each after the first
+    :class:`Continued`)."""
+    try:
+        held: list[str] = []
+        size = 0
+        first = True
+        for line in lines:
+            held.append(line)
+            size += len(line)
+            if size >= PIECE_CHARS:
+                text = "".join(held)
+                yield text if first else Continued(text)
+                held, size, first = [], 0, False
+        if held or first:
+            text = "".join(held)
+            yield text if first else Continued(text)
+    finally:
+        _close(lines)
+
+
 def _text(value: Any, what: str) -> str:
     if value is None:
         return ""
@@ -168,23 +216,24 @@ def token_stream(tokenizer: Any, documents: Iterator[str]) -> Iterator[list[int]
     eos = end_of_text(tokenizer)
     first = True
     pending: list[str] = []
+    chars = 0
 
-    def encoded(texts: list[str]) -> list[list[int]]:
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    def encoded(texts: list[str]) -> Iterator[list[int]]:
+        nonlocal first
+        for text, ids in zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True):
+            yield ids if first or isinstance(text, Continued) else [eos, *ids]
+            first = False
 
     for text in documents:
         if not text:
             continue
         pending.append(text)
-        if len(pending) == DOCUMENTS_PER_CALL:
-            for ids in encoded(pending):
-                yield ids if first else [eos, *ids]
-                first = False
-            pending = []
+        chars += len(text)
+        if len(pending) == DOCUMENTS_PER_CALL or chars >= CHARS_PER_CALL:
+            yield from encoded(pending)
+            pending, chars = [], 0
     if pending:
-        for ids in encoded(pending):
-            yield ids if first else [eos, *ids]
-            first = False
+        yield from encoded(pending)
 
 
 def packed_rows(

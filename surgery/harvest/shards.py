@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from surgery.errors import ConfigError
+from surgery.files import gate
+from surgery.files.maps import map_safetensors
 
 MANIFEST = "manifest.json"
 TOKENS = "token_ids"  # the folder of the rows' token ids (no module may be named so)
@@ -60,10 +62,11 @@ def token_file(ids: torch.Tensor, excluded: list[int]) -> dict[str, torch.Tensor
 
 def stored_ids(directory: Path, number: int) -> torch.Tensor:
     """The token ids (int64) a finished shard was harvested from."""
-    from safetensors import safe_open
-
-    with safe_open(str(shard_path(directory, TOKENS, number)), framework="pt") as f:
-        return f.get_tensor("input_ids").to(torch.int64)
+    path = gate.member(directory, f"{TOKENS}/{shard_name(number)}", "hydra.run.dir", "a shard")
+    tensors = map_safetensors(path, "hydra.run.dir")
+    if "input_ids" not in tensors:
+        raise ConfigError(f"hydra.run.dir: {str(path)!r} holds no input_ids; choose another hydra.run.dir")
+    return tensors["input_ids"].to(torch.int64)
 
 
 def state_fingerprint(model: torch.nn.Module) -> str:
@@ -86,11 +89,8 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     path = directory / MANIFEST
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"hydra.run.dir: cannot read {str(path)!r} ({e}); choose another hydra.run.dir") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data = gate.read_json_object(gate.member(directory, MANIFEST, "hydra.run.dir", "the manifest"), "hydra.run.dir")
+    if data.get("format") != FORMAT:
         raise ConfigError(f"hydra.run.dir: {str(path)!r} is not an activation dataset's manifest")
     return data
 
@@ -101,7 +101,8 @@ def check_resumable(directory: Path, prints: dict[str, str]) -> dict[str, Any] |
     if found is None:
         return None
     for what, value in prints.items():
-        if (found.get("fingerprints") or {}).get(what) != value:
+        prints_found = found.get("fingerprints")
+        if not isinstance(prints_found, dict) or prints_found.get(what) != value:
             raise ConfigError(
                 f"hydra.run.dir: {directory} holds a harvest of another {what}; rerun the same command there to"
                 " resume it, or choose another hydra.run.dir"

@@ -9,6 +9,7 @@ Left padding puts every prompt's last token at position -1, where generation con
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,28 @@ import torch
 from torch import nn
 
 from surgery.errors import ConfigError
+from surgery.files import gate
 from surgery.lm.load import transformers_offline
 
 IGNORE = -100  # the label PyTorch's cross_entropy and Hugging Face skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
-                   "tokenizer.model")  # fmt: skip
+                   "tokenizer.model", "merges.txt", "special_tokens_map.json", "added_tokens.json")  # fmt: skip
+TOKENIZER_MAX = 64 * 2**20  # a tokenizer file is a few MiB (a 256k vocabulary's tokenizer.json is ~35 MiB)
+
+
+def _checked_files(path: Path, where: str) -> None:
+    """The tokenizer files the library will read: regular, inside the directory, of a tokenizer's size."""
+    files = [path] if path.is_file() else [
+        gate.member(path, name, where, "a tokenizer file") for name in TOKENIZER_FILES if (path / name).exists()
+    ]  # fmt: skip
+    for file in files:
+        with gate.open_regular(file, where) as opened:
+            size = os.fstat(opened.fileno()).st_size
+        if size > TOKENIZER_MAX:
+            raise ConfigError(
+                f"{where}: {str(file)!r} is {size / 2**20:.3g} MiB, more than the {TOKENIZER_MAX // 2**20} MiB a"
+                " tokenizer file may be; refused"
+            )
 
 
 @dataclass(frozen=True)
@@ -70,7 +88,7 @@ def load_tokenizer(
         if model_path is None:
             raise ConfigError(f"{where}: no tokenizer given and no model directory to take one from; set {where}=DIR")
         tokenizer, where = model_path, f"{where} (default: model.path)"
-    path = Path(str(tokenizer)).expanduser()
+    path = gate.config_path(Path(str(tokenizer)).expanduser(), where.split(" ")[0])
     if not path.exists():
         raise ConfigError(f"{where}: {str(path)!r} does not exist; give a tokenizer directory or a tokenizer.json file")
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -80,17 +98,21 @@ def load_tokenizer(
             f" {where.split(' ')[0]}=DIR_OR_TOKENIZER_JSON"
             + (", or an image input for this vision model (+input=file input.path=IMAGE.png)" if vision else "")
         )
+    if path.is_file() and path.suffix != ".json":
+        raise ConfigError(f"{where}: {str(path)!r} is not a tokenizer.json file or a tokenizer directory")
+    _checked_files(path, where)
     try:
         if path.is_file():
-            if path.suffix != ".json":
-                raise ConfigError(f"{where}: {str(path)!r} is not a tokenizer.json file or a tokenizer directory")
             return hf.PreTrainedTokenizerFast(tokenizer_file=str(path))
         return hf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - a directory without tokenizer files, a broken json, ...
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - also a Rust panic (pyo3's PanicException is a BaseException)
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ConfigError(f"{where}: cannot load a tokenizer from {str(path)!r}: {first}") from None
+        panic = " (the tokenizers library panicked on it)" if not isinstance(e, Exception) else ""
+        raise ConfigError(f"{where}: cannot load a tokenizer from {str(path)!r}{panic}: {first[:300]}") from None
 
 
 def pad_id(tokenizer: Any) -> int:

@@ -164,6 +164,32 @@ def check_hydra(config: DictConfig, overrides: list[str], multirun: bool) -> Non
     from surgery.safe.config_paths import check_config_paths
 
     check_config_paths(OmegaConf.to_container(config, resolve=False), typed)
+    check_job_targets(config)
+
+
+def check_job_targets(config: DictConfig) -> None:
+    """Under safe mode, every ``_target_`` of the job's own nodes is allowlisted, checked as soon as the config is
+    composed: a sweep is refused in one line before Hydra launches (and logs) a single job.
+
+    A ``_target_`` that is an interpolation is checked once resolved, when the job builds it.
+    """
+    from surgery.core.callables import is_allowed, refusal
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, Mapping):
+            target = node.get("_target_")
+            if target is not None and not (isinstance(target, str) and "${" in target) and not is_allowed(target):
+                raise refusal(f"{where}._target_", target)
+            for key, value in node.items():
+                walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}[{i}]")
+
+    body = OmegaConf.to_container(config, resolve=False)
+    for key, value in body.items() if isinstance(body, dict) else ():
+        if key != "hydra":
+            walk(value, str(key))
 
 
 def _keys() -> str:

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from surgery.errors import ConfigError
-from surgery.files.paths import read_json_object, refuse_url
+from surgery.files import gate
+from surgery.files.paths import refuse_url
 from surgery.files.tensors import read_tensors
 
 CFG_FILE = "cfg.json"
@@ -86,7 +87,7 @@ class SpliceWeights:
 def resolve(path: str, where: str) -> Path:
     """A local path (never a URL) that exists."""
     refuse_url(path, where, "the splice")
-    found = Path(path).expanduser()
+    found = gate.config_path(Path(path).expanduser(), where)
     if not found.exists():
         raise ConfigError(
             f"{where}: {path!r} does not exist; give a SAELens directory (cfg.json + {WEIGHTS_FILE}) or a"
@@ -122,21 +123,22 @@ def load(path: str, where: str, activation: str | None, k: int | None, apply_b_d
 def _load_dir(
     found: Path, path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None
 ) -> SpliceWeights:
-    cfg_file, weights_file = found / CFG_FILE, found / WEIGHTS_FILE
-    missing = [f.name for f in (cfg_file, weights_file) if not f.is_file()]
+    missing = [name for name in (CFG_FILE, WEIGHTS_FILE) if not os.path.lexists(found / name)]
     if missing:
         raise ConfigError(
             f"{where}: the directory {path!r} has no {' or '.join(missing)}; a SAELens SAE directory holds {CFG_FILE}"
             f" and {WEIGHTS_FILE} (what SAE.save_model writes)"
         )
-    cfg = read_json_object(cfg_file, where)
-    architecture = str(cfg.get("architecture") or "standard")
+    cfg_file = gate.member(found, CFG_FILE, where, "the SAE's config")  # a link out of the directory is refused
+    weights_file = gate.member(found, WEIGHTS_FILE, where, "the SAE's weights")
+    cfg = _checked_cfg(gate.read_json_object(cfg_file, where), cfg_file, where)
+    architecture = cfg.get("architecture") or "standard"
     old_activation = cfg.get("activation_fn", cfg.get("activation_fn_str"))
     if architecture == "standard" and old_activation == "topk":  # written before SAELens 6: topk was an activation
         architecture = "topk"
     if architecture not in ARCHITECTURES:
         raise ConfigError(
-            f"{where}: {str(cfg_file)!r} has architecture {architecture!r}, which splice does not run; it runs"
+            f"{where}: {str(cfg_file)!r} has architecture {_short(architecture)}, which splice does not run; it runs"
             f" {', '.join(ARCHITECTURES)}"
         )
     kind, transcoder, skip = ARCHITECTURES[architecture]
@@ -149,19 +151,19 @@ def _load_dir(
     normalize = {True: "expected_average_only_in", False: "none", None: "none"}.get(normalize, normalize)
     if normalize not in NORMALIZATIONS:
         raise ConfigError(
-            f"{where}: {str(cfg_file)!r} has normalize_activations {normalize!r}; SAELens defines"
+            f"{where}: {str(cfg_file)!r} has normalize_activations {_short(normalize)}; SAELens defines"
             f" {', '.join(NORMALIZATIONS)}"
         )
     if cfg.get("reshape_activations", "none") not in ("none", None):
         raise ConfigError(
-            f"{where}: {str(cfg_file)!r} reshapes activations ({cfg['reshape_activations']!r}, per-head hook_z);"
+            f"{where}: {str(cfg_file)!r} reshapes activations ({_short(cfg['reshape_activations'])}, per-head hook_z);"
             " splice reads a [..., d_in] tensor: select a module whose output is already flat"
         )
     if cfg.get("finetuning_scaling_factor"):
         raise ConfigError(f"{where}: {str(cfg_file)!r} uses finetuning_scaling_factor, which splice does not run")
     dtype_name = str(cfg.get("dtype", "float32")).removeprefix("torch.")
     if dtype_name not in DTYPES:
-        raise ConfigError(f"{where}: {str(cfg_file)!r} has dtype {dtype_name!r}; one of {', '.join(DTYPES)}")
+        raise ConfigError(f"{where}: {str(cfg_file)!r} has dtype {_short(dtype_name)}; one of {', '.join(DTYPES)}")
     tensors = read_tensors(weights_file, where)
     if "log_threshold" in tensors and "threshold" not in tensors:  # older JumpReLU checkpoints, as SAELens reads them
         tensors["threshold"] = torch.exp(tensors.pop("log_threshold"))
@@ -172,12 +174,12 @@ def _load_dir(
         )
     tensors = {name: t.to(DTYPES[dtype_name]) for name, t in tensors.items()}
     if kind == "topk":
-        k = k if k is not None else cfg.get("k", (cfg.get("activation_fn_kwargs") or {}).get("k"))
+        k = k if k is not None else cfg.get("k")
         if k is None:
             k = 100  # SAELens's TopKSAEConfig default
     elif k is not None:
         raise ConfigError(f"{where.rsplit('.', 2)[0]}.k: only a topk SAE takes k; {path!r} is {architecture!r}")
-    b_dec_in = bool(cfg.get("apply_b_dec_to_input", True)) if apply_b_dec is None else apply_b_dec
+    b_dec_in = cfg.get("apply_b_dec_to_input", True) if apply_b_dec is None else apply_b_dec
     if transcoder and b_dec_in:
         if apply_b_dec:
             raise ConfigError(
@@ -199,6 +201,51 @@ def _load_dir(
                 f" (W_enc {list(weights.W_enc.shape)}, W_dec {list(weights.W_dec.shape)})"
             )
     return weights
+
+
+# cfg.json keys splice reads -> the JSON types each may hold (None: absent or null)
+CFG_TYPES: dict[str, tuple[type, ...]] = {
+    "architecture": (str,), "activation_fn": (str,), "activation_fn_str": (str,), "activation_fn_kwargs": (dict,),
+    "normalize_activations": (str, bool), "reshape_activations": (str,),
+    "finetuning_scaling_factor": (bool, int, float),
+    "dtype": (str,), "k": (int,), "apply_b_dec_to_input": (bool,), "rescale_acts_by_decoder_norm": (bool,),
+    "d_in": (int,), "d_sae": (int,), "d_out": (int,),
+}  # fmt: skip
+
+
+def _checked_cfg(cfg: dict[str, Any], cfg_file: Path, where: str) -> dict[str, Any]:
+    """``cfg.json`` with every key splice reads of the type SAELens writes (absent and null keys dropped)."""
+    checked = {key: value for key, value in cfg.items() if key in CFG_TYPES and value is not None}
+    nested = checked.get("activation_fn_kwargs", {})
+    if isinstance(nested, dict) and nested.get("k") is not None and "k" not in checked:
+        checked["k"] = nested["k"]
+    for key, value in checked.items():
+        kinds = CFG_TYPES[key]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join({str: "a string", bool: "true/false", int: "a whole number", float: "a number",
+                                 dict: "an object"}[k] for k in kinds)  # fmt: skip
+            raise ConfigError(
+                f"{where}: {str(cfg_file)!r} has {key} {_short(value)}, a JSON {_json_type(value)}; SAELens writes"
+                f" {names}"
+            )
+    for key in ("k", "d_in", "d_sae", "d_out"):
+        if key in checked:
+            gate.whole(checked[key], f"{where}: {key} in {str(cfg_file)!r}", 1, 2**31)
+    if "finetuning_scaling_factor" in checked and not isinstance(checked["finetuning_scaling_factor"], bool):
+        gate.finite(checked["finetuning_scaling_factor"], f"{where}: finetuning_scaling_factor in {str(cfg_file)!r}")
+    checked.pop("activation_fn_kwargs", None)
+    return checked
+
+
+def _json_type(value: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _load_file(
