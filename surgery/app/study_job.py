@@ -61,7 +61,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if settings.mode == "plan":
         return _plan_only(model, actions, study, inputs, data, settings, out_dir, report)
     src = None if source is None else _gathered(source)[0]
-    progress = _progress(out_dir, report["fingerprints"], model, study, inputs, data)
+    progress = _progress(out_dir, report["fingerprints"], model, actions, study, inputs, data)
     result = run_study(
         model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
         ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
@@ -114,7 +114,13 @@ def _ranks() -> tuple[int, int] | None:
 
 
 def _progress(
-    out_dir: Path, prints: dict[str, str], model: Any, study: StudyConfig, inputs: Any, data: Batches
+    out_dir: Path,
+    prints: dict[str, str],
+    model: Any,
+    actions: dict[str, Any],
+    study: StudyConfig,
+    inputs: Any,
+    data: Batches,
 ) -> Progress:
     """An interrupted study's progress in ``out_dir`` (refused if another config, model or input), else a fresh one."""
     from surgery.study.inputs import Inputs

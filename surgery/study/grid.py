@@ -34,8 +34,9 @@ def parse_grid(
     """Each variable's values: a list, a ``"start:stop[:step]"`` range, or ``"all"``.
 
     ``all`` is ``range(every[name])`` where :func:`surgery.study.every.every_value` worked out what the
-    variable counts (blocks, heads, positions), else every position. The cells are counted from each variable's value count (a range by arithmetic) and checked against
-    ``limits.count`` before any value is listed.
+    variable counts (blocks, heads, positions), else every position. The cells are counted from each
+    variable's value count (a range by arithmetic) and checked against ``limits.count`` before any value
+    is listed.
     """
     if not isinstance(grid, Mapping) or not grid:
         raise ConfigError(f'{where}: a mapping of named variables, e.g. {{layer: "0:3", pos: all}}; got {grid!r}')
