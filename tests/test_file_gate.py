@@ -32,6 +32,7 @@ MODULE_CALLS = {
     "OmegaConf": {"load", "save"},
 }  # fmt: skip
 OWN_OPENS = {"TextCorpus", "activations"}  # surgery's own ``X.open(...)`` API names, not files
+GATE_MODULES = {"gate", "write", "maps", "libraries", "pretrained"}  # calls into surgery/files/ are the gate itself
 
 
 def _receiver(node: ast.expr) -> str:
@@ -47,7 +48,7 @@ def file_accesses(source: str) -> list[str]:
         func = node.func
         if isinstance(func, ast.Name) and func.id in NAMES:
             found.append(f"{node.lineno}: {func.id}(")
-        elif isinstance(func, ast.Attribute):
+        elif isinstance(func, ast.Attribute) and _receiver(func.value) not in GATE_MODULES:
             owner = _receiver(func.value)
             calls = MODULE_CALLS.get(owner, set()) if owner in MODULE_CALLS else set()
             if owner in MODULE_CALLS and (calls is None or func.attr in calls):

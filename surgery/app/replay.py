@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from surgery.errors import EXIT_BAD_INPUT, EXIT_OK, ReplayError, SurgeryError
+from surgery.files import gate
 
 EXIT_SAME = EXIT_OK
 EXIT_DIFFERENT = 1  # replay's own answer: the fingerprints differ (not an internal failure)
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None and Path(args.out).resolve() == run_dir.resolve():
         print("error: --out must not be RUN_DIR itself (its report would be overwritten)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    out_dir = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="surgery-replay-"))
+    out_dir = Path(args.out) if args.out is not None else gate.temp_dir("surgery-replay-")
     keep = args.out is not None
     try:
         old_report, new_report = replay(run_dir, out_dir, trust=args.trust)
@@ -228,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_DIFFERENT
     finally:
         if not keep and not (out_dir / "report.json").is_file():
-            shutil.rmtree(out_dir, ignore_errors=True)
+            gate.remove_tree(out_dir)
     old, new = old_report["fingerprints"], new_report.get("fingerprints", {})
     same = compare(old, new)
     differ = [name for name, ok in same.items() if not ok]
@@ -243,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         if keep:
             print(f"all {len(same)} fingerprints identical; new run in {out_dir}")
         else:
-            shutil.rmtree(out_dir, ignore_errors=True)
+            gate.remove_tree(out_dir)
             print(f"all {len(same)} fingerprints identical (the temporary new run is removed; --out DIR keeps one)")
         return EXIT_SAME
     print(f"{len(differ)} of {len(same)} fingerprints different: {', '.join(differ)}; new run in {out_dir}")

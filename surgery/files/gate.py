@@ -314,6 +314,13 @@ def remove_tree(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def temp_dir(prefix: str) -> Path:
+    """A new private folder under the system's temporary directory (a replay's scratch run directory)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
 def remove_empty_dir(path: str | Path) -> bool:
     """Remove ``path`` if it is an empty folder (never a link); whether it was removed."""
     try:

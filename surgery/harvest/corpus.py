@@ -134,19 +134,14 @@ class TextCorpus:
 
     def _dataset(self) -> Any:
         try:
-            from datasets import DatasetDict, load_from_disk
+            from datasets import DatasetDict
         except ImportError:
             raise ConfigError("input.path: a datasets directory needs `pip install datasets`") from None
         from surgery.data.hf import check_directory
-        from surgery.files.paths import read_failure
+        from surgery.files.libraries import load_datasets_dir
 
         check_directory(self.path)
-        try:
-            data = load_from_disk(str(self.path))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(
-                f"input.path: cannot read {str(self.path)!r} as a datasets directory ({read_failure(e)})"
-            ) from None
+        data = load_datasets_dir(self.path, "input.path")
         if isinstance(data, DatasetDict):
             splits = list(data)
             split = self.split or (splits[0] if len(splits) == 1 else "train")

@@ -18,6 +18,8 @@ from torch import nn
 
 from surgery.core.tensors import is_owned, owned
 from surgery.errors import ConfigError
+from surgery.files.gate import config_path, listing
+from surgery.files.pretrained import checked_directory, from_pretrained
 
 MISSING_EXTRA = "model: a Hugging Face model needs the optional extra: pip install 'surgery[hf]'"
 TASKS = ("auto", "causal_lm", "base")
@@ -39,7 +41,7 @@ def model_dir(path: Any, where: str = "model.path") -> Path:
     """``path`` as an existing directory holding ``config.json``, or a ConfigError saying what is wrong."""
     if path is None or str(path) in ("", "???"):
         raise ConfigError(f"{where}: a local directory written by save_pretrained is required, e.g. {where}=./my-gpt2")
-    directory = Path(str(path)).expanduser()
+    directory = config_path(Path(str(path)).expanduser(), where)
     if not directory.exists():
         raise ConfigError(
             f"{where}: {str(directory)!r} does not exist; give a local directory written by save_pretrained"
@@ -50,7 +52,7 @@ def model_dir(path: Any, where: str = "model.path") -> Path:
             " model.safetensors), or load a weights file into a built model with model.checkpoint"
         )
     if not (directory / "config.json").is_file():
-        found = ", ".join(sorted(p.name for p in directory.iterdir())[:8]) or "nothing"
+        found = ", ".join(listing(directory, where)[:8]) or "nothing"
         raise ConfigError(
             f"{where}: {str(directory)!r} has no config.json (it holds {found}); give a directory written by"
             " save_pretrained, or a hub model saved locally with model.save_pretrained(DIR)"
@@ -97,18 +99,19 @@ def load_pretrained(
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"model.dtype: {dtype!r} is not one of {', '.join(DTYPES)} (or null: as saved)")
     hf = transformers_offline()
+    checked_directory(directory, "model.path")  # config.json through the gate; the model's size from its numbers
     try:
-        config = hf.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        config = from_pretrained(hf.AutoConfig, directory)
     except Exception as e:  # noqa: BLE001 - an unreadable or unknown config becomes one line
         raise ConfigError(f"model.path: cannot read {str(directory / 'config.json')!r}: {_first_line(e)}") from None
     cls = _model_class(hf, config, task)
-    options: dict[str, Any] = {"local_files_only": True, "output_loading_info": True}
+    options: dict[str, Any] = {"output_loading_info": True}
     if attn_implementation:
         options["attn_implementation"] = attn_implementation
     if dtype is not None:
         options["dtype"] = getattr(torch, dtype)
     try:
-        model, info = cls.from_pretrained(str(directory), **options)
+        model, info = from_pretrained(cls, directory, **options)
     except Exception as e:  # noqa: BLE001
         key = "model.attn_implementation" if "attn" in str(e).lower() else "model.path"
         raise ConfigError(

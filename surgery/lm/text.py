@@ -20,6 +20,7 @@ from torch import nn
 
 from surgery.errors import ConfigError
 from surgery.files import gate
+from surgery.files.pretrained import from_pretrained
 from surgery.lm.load import transformers_offline
 
 IGNORE = -100  # the label PyTorch's cross_entropy and Hugging Face skip
@@ -104,7 +105,7 @@ def load_tokenizer(
     try:
         if path.is_file():
             return hf.PreTrainedTokenizerFast(tokenizer_file=str(path))
-        return hf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return from_pretrained(hf.AutoTokenizer, path)
     except ConfigError:
         raise
     except (KeyboardInterrupt, SystemExit, GeneratorExit):

@@ -18,8 +18,10 @@ from torch import nn
 
 from surgery.core.tensors import owned
 from surgery.errors import ConfigError
+from surgery.files.gate import config_path, read_json_object
 from surgery.files.images import open_png
 from surgery.files.paths import read_failure
+from surgery.files.pretrained import from_pretrained
 
 PROCESSOR_FILE = "preprocessor_config.json"
 
@@ -46,14 +48,15 @@ def image_processor(model_path: Any) -> Any:
     """The image processor saved in ``model_path`` (``AutoImageProcessor``, offline), or None when there is none."""
     if model_path is None or str(model_path) in ("", "???"):
         return None
-    directory = Path(str(model_path)).expanduser()
+    directory = config_path(Path(str(model_path)).expanduser(), "model.path")
     if not (directory / PROCESSOR_FILE).is_file():
         return None
     from surgery.lm.load import transformers_offline
 
     hf = transformers_offline()
+    read_json_object(directory / PROCESSOR_FILE, "model.path")  # a regular, capped JSON file before the library's read
     try:
-        return hf.AutoImageProcessor.from_pretrained(str(directory), local_files_only=True)
+        return from_pretrained(hf.AutoImageProcessor, directory)
     except Exception as e:  # noqa: BLE001 - an unknown processor type, a broken json, a missing extra ...
         raise ConfigError(
             f"model.path: cannot load the image processor in {str(directory / PROCESSOR_FILE)!r}: {read_failure(e)}"
