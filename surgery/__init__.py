@@ -70,7 +70,7 @@ def study(
     inputs: Any,
     metrics: Any,
     source: Any = None,
-    normalize: bool = False,
+    normalize: Any = False,
     ci: float | None = None,
     tokenizer: Any = None,
     method: str = "patch",

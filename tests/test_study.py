@@ -122,7 +122,12 @@ def test_batches_give_the_same_values_as_one_batch(tiny_lm) -> None:
         ({"layer": [0, 5], "pos": [0]}, {}, NoMatchError, "study cell {layer: 5, pos: 0}: actions.cap"),
         ({"layer": [0], "pos": [0], "head": [1]}, {}, ConfigError, "study.grid.head: no action uses it"),
         ({"layer": [0], "pos": [9]}, {}, ConfigError, "study cell {layer: 0, pos: 9}: "),
-        ({"layer": [0], "pos": [0]}, {"normalize": True, "source": None}, ConfigError, "study.normalize: compares"),
+        (
+            {"layer": [0], "pos": [0]},
+            {"normalize": True, "source": None},
+            ConfigError,
+            "study.normalize: the source baseline needs a source input",
+        ),
         ({"layer": [0], "pos": [0]}, {"method": "atp"}, ConfigError, "study.method: 'atp' is not one of"),
     ],
 )

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from surgery.errors import ConfigError
-from surgery.study.stats import bootstrap, mean, normalized
+from surgery.study.baselines import normalized
+from surgery.study.stats import bootstrap, mean
 
 
 def test_normalized_is_zero_at_the_unmodified_value_one_at_the_source_nan_without_scale() -> None:
     unmodified, source = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 0.0, 3.0])
-    got = normalized(torch.tensor([[1.0, 0.0, 5.0], [3.0, 1.0, 3.0]]), unmodified, source)
+    got, flat = normalized(torch.tensor([[1.0, 0.0, 5.0], [3.0, 1.0, 3.0]]), unmodified, source, "example", "m")
+    assert flat == 1
     assert torch.equal(got[:, :2], torch.tensor([[0.0, 1.0], [1.0, 0.5]]))
     assert got[:, 2].isnan().all()
     assert torch.equal(mean(got), torch.tensor([0.5, 0.75]))

@@ -53,6 +53,8 @@ class Run:
     attribution: Attribution | None = None
     base: dict[str, torch.Tensor] = field(default_factory=dict)
     src_base: dict[str, torch.Tensor] = field(default_factory=dict)
+    baseline_plans: dict[str, Plan] = field(default_factory=dict)  # study.normalize's action lists, each alone
+    named: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # their metric values per example
 
     @cached_property
     def groups(self) -> list[list[int]]:
@@ -66,6 +68,8 @@ class Run:
         for name in (m.name for m in self.bound):
             self.base.setdefault(name, torch.full((n,), torch.nan, dtype=torch.float64))
             self.src_base.setdefault(name, torch.full((n,), torch.nan, dtype=torch.float64))
+            for label in self.baseline_plans:
+                self.named.setdefault(label, {}).setdefault(name, torch.full((n,), torch.nan, dtype=torch.float64))
         try:
             for start in range(0, n, self.batch_size):
                 self._batch(progress, slice(start, min(start + self.batch_size, n)))
@@ -78,6 +82,8 @@ class Run:
         batch, y = self.data.rows(rows.start, rows.stop), None if self.labels is None else self.labels[rows]
         clean = self.source.rows(rows.start, rows.stop) if self.source is not None else None
         pending = progress.pending_groups(self.groups, rows)  # resume: only what is left
+        if self.baseline_plans:
+            self._named_baselines(rows, batch, clean, y)
         if self.attribution is not None and pending:  # its own passes give the baselines too
             self._estimate(progress, rows, batch, clean, y, pending)
             return
@@ -103,6 +109,14 @@ class Run:
                     for metric in self.bound:
                         progress.values[metric.name][i, rows] = metric(logits[j::k], y, reference)
                 progress.finished(group, rows)
+
+    def _named_baselines(self, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None) -> None:
+        """Each baseline of study.normalize that is a list of actions: those actions alone, scored per example."""
+        with torch.no_grad():
+            reference = logits_of(batch.run(self.model))
+            for label, plan in self.baseline_plans.items():
+                logits = _run_group(self.model, [plan], batch, None, None, clean)  # a source pass as the cells get
+                _score(self.bound, self.named[label], rows, logits, y, reference)
 
     def _estimate(
         self, progress: Progress, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None,

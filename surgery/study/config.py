@@ -18,7 +18,7 @@ class StudyConfig:
 
     grid: Any = MISSING  # named variables: a list, "start:stop[:step]", or "all" (every position of a text input)
     metrics: Any = MISSING  # per-example metrics: [{logit_diff: {correct, wrong}}, {prob: {token}}, loss, kl, ...]
-    normalize: bool = False  # first metric: (cell - unmodified) / (source - unmodified), per example
+    normalize: Any = False  # first metric on a 0-1 scale: true (per example), mean, or {zero: B, one: B} (studies.md)
     ci: Any = None  # bootstrap confidence level over examples, e.g. 0.95 (null: none)
     n_boot: int = 1000  # bootstrap resamples (seeded by the run's seed)
     batch_cells: Any = BATCH_CELLS  # how many cells share one forward by replicating rows; 1 = one per forward

@@ -31,6 +31,7 @@ class StudyResult:
     baselines: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     tokens: list[str] | None = None  # the first example's tokens, to label positions
     verify: dict[str, Any] | None = None  # verify_top: the top cells exact vs estimated, with correlations
+    normalization: dict[str, Any] | None = None  # zero, one, over, metric and how many examples had no scale
 
     @property
     def metrics(self) -> list[str]:

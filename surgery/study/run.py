@@ -19,6 +19,7 @@ from surgery.core.compiler import Plan, Shared, compile_plan, load_actions
 from surgery.core.probe import check_before_apply
 from surgery.errors import ConfigError, SurgeryError
 from surgery.safe.costs import check_forward_rows, check_study
+from surgery.study.baselines import Normalization, label, normalized, parse_normalize
 from surgery.study.cells import Attribution, Run
 from surgery.study.estimates import EditedCells
 from surgery.study.every import every_value
@@ -29,7 +30,7 @@ from surgery.study.result import StudyResult
 from surgery.study.resume import Progress
 from surgery.study.rows import cells_per_forward, restricted, why_not_rowwise
 from surgery.study.sources import shared_captures
-from surgery.study.stats import N_BOOT, bootstrap, mean, normalized
+from surgery.study.stats import N_BOOT, bootstrap, mean
 from surgery.study.template import derive
 from surgery.study.verify import verified
 
@@ -118,7 +119,7 @@ def run_study(
     *,
     source: Any = None,
     labels: torch.Tensor | None = None,
-    normalize: bool = False,
+    normalize: Any = False,
     ci: float | None = None,
     n_boot: int = N_BOOT,
     tokenizer: Any = None,
@@ -144,8 +145,7 @@ def run_study(
     parsed = grid_of(grid, spec, model, data.positions())
     check_uses(parsed, spec)
     bound = parse_metrics(metrics, tokenizer)
-    if normalize and src is None:
-        raise ConfigError("study.normalize: compares each cell with the source run; give a source input")
+    scale = parse_normalize(normalize, spec, src is not None)
     if labels is None:
         labels = data.text_labels()
     n = data.examples
@@ -183,6 +183,9 @@ def run_study(
             None,
             Attribution(derived.sites, EditedCells(derived.edits), steps if method == "integrated_gradients" else None),
         )
+    if scale is not None:
+        run.baseline_plans = {label(end): compile_plan(model, {a: spec[a] for a in end}, seed=seed, strict=strict,
+                                                       safe=safe) for end in scale.baselines()}  # fmt: skip
     progress = progress or Progress.fresh([m.name for m in bound], len(run.plans), n)
     rank, world = ranks or (0, 1)
     for number, group in enumerate(run.groups if world > 1 else []):
@@ -190,8 +193,8 @@ def run_study(
             progress.done[group] = True
     run.score(progress)
     values = _gathered(progress.values, run.groups, rank, world) if world > 1 else progress.values
-    result = _result(parsed, grid_cells, bound, values, run.base, run.src_base if src is not None else None,
-                     normalize, ci, n_boot, seed, tokenizer, ids)  # fmt: skip
+    baselines = {"unmodified": run.base, **({"source": run.src_base} if src is not None else {}), **run.named}
+    result = _result(parsed, grid_cells, bound, values, baselines, scale, ci, n_boot, seed, tokenizer, ids)
     if verify_top is not None:
         result.verify = verified(run, result, verify_top, grid_cells)
     return result
@@ -236,23 +239,26 @@ def _cells_per_forward(
 
 def _result(
     grid: dict[str, list], grid_cells: list[dict[str, Any]], bound: list[PerExample], values: dict[str, torch.Tensor],
-    base: dict[str, torch.Tensor], src_base: dict[str, torch.Tensor] | None, normalize: bool, ci: float | None,
+    baselines: dict[str, dict[str, torch.Tensor]], scale: Normalization | None, ci: float | None,
     n_boot: int, seed: int, tokenizer: Any, ids: torch.Tensor | None,
 ) -> StudyResult:  # fmt: skip
     sizes = [len(v) for v in grid.values()]
-    if normalize and src_base is not None:
+    normalization = None
+    if scale is not None:
         first = bound[0].name
-        values[first] = normalized(values[first], base[first], src_base[first])
+        zero, one = baselines[label(scale.zero)][first], baselines[label(scale.one)][first]
+        values[first], flat = normalized(values[first], zero, one, scale.over, first)
+        normalization = {**scale.describe(), "metric": first, "zero_denominators": flat}
     shaped = {name: v.reshape(*sizes, v.shape[-1]) for name, v in values.items()}
     low, high = {}, {}
     if ci is not None:
         for name, v in shaped.items():
             low[name], high[name] = bootstrap(v, ci, n_boot, seed)
-    baselines = {"unmodified": base, **({"source": src_base} if src_base is not None else {})}
     tokens = _position_labels(tokenizer, ids)
     return StudyResult(
         grid=grid, cells=grid_cells, values=shaped, mean={k: mean(v) for k, v in shaped.items()}, ci_low=low,
-        ci_high=high, ci=ci, normalized=bound[0].name if normalize else None, baselines=baselines, tokens=tokens,
+        ci_high=high, ci=ci, normalized=bound[0].name if scale else None, baselines=baselines, tokens=tokens,
+        normalization=normalization,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""A study's statistics over examples: the mean, normalized patching, and seeded bootstrap intervals.
+"""A study's statistics over examples: the NaN-aware mean and seeded bootstrap intervals (normalizing: baselines.py).
 
 Values are ``[*grid sizes, examples]`` tensors in float64; every statistic reduces the last dim.
 """
@@ -10,16 +10,6 @@ import torch
 from surgery.errors import ConfigError
 
 N_BOOT = 1000
-
-
-def normalized(cell: torch.Tensor, unmodified: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """``(cell - unmodified) / (source - unmodified)`` per example: 0 = no effect, 1 = the source's value.
-
-    ``unmodified`` and ``source`` are ``[examples]``; an example whose source equals its unmodified
-    value has no scale and is NaN (it is left out of the mean and the interval).
-    """
-    scale = source - unmodified
-    return torch.where(scale == 0, torch.nan, (cell - unmodified) / scale)
 
 
 def mean(values: torch.Tensor) -> torch.Tensor:

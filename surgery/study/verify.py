@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
+from surgery.study.baselines import label, normalized
 from surgery.study.cells import Run
 from surgery.study.result import StudyResult
 from surgery.study.resume import Progress
-from surgery.study.stats import normalized
 
 
 def verified(run: Run, result: StudyResult, top: int, grid_cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -19,14 +19,16 @@ def verified(run: Run, result: StudyResult, top: int, grid_cells: list[dict[str,
     estimate = result.mean[name].reshape(-1)
     unmodified = 0.0 if result.normalized == name else float(run.base[name].nanmean())
     chosen = torch.argsort((estimate - unmodified).abs().nan_to_num(-1.0), descending=True)[:top].tolist()
-    exact_run = dataclasses.replace(run, attribution=None, k=1, base={}, src_base={})
+    exact_run = dataclasses.replace(run, attribution=None, k=1, base={}, src_base={}, baseline_plans={}, named={})
     progress = Progress.fresh([m.name for m in run.bound], len(run.plans), run.data.examples)
     progress.done[:] = True
     progress.done[chosen] = False
     exact_run.score(progress)
     values = progress.values[name][chosen]
-    if result.normalized == name:
-        values = normalized(values, exact_run.base[name], exact_run.src_base[name])
+    scale = result.normalization
+    if scale is not None and scale["metric"] == name:  # on the study's own scale (its baselines, already run)
+        zero, one = (result.baselines[label(scale[end])][name] for end in ("zero", "one"))
+        values = normalized(values, zero, one, scale["over"], name)[0]
     exact = values.nanmean(dim=-1)
     guessed = estimate[chosen]
     return {
