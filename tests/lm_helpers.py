@@ -36,9 +36,8 @@ def word_tokenizer(sentences: list[str]) -> Any:
 def tiny_gpt2(vocab: int, eos: int, seed: int = 0, **fields: Any) -> nn.Module:
     """A seeded GPT2LMHeadModel with eager attention; ``eos`` is also its bos."""
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=vocab, bos_token_id=eos, eos_token_id=eos, **fields
-    )
+    shape = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64, **fields}
+    config = transformers.GPT2Config(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos, **shape)
     config._attn_implementation = "eager"
     return transformers.GPT2LMHeadModel(config).eval()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,11 @@ def test_a_bad_study_is_refused_before_any_cell_runs(lm_dir: Path, tmp_path: Pat
 def test_the_cli_runs_a_study_and_exits_0(lm_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     result = cli(*args(lm_dir), "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "study: 10 cells × 1 examples" in result.stdout and "logit_diff (unmodified " in result.stdout
+    assert "study: 10 cells × 1 examples (load " in result.stdout and "logit_diff (unmodified " in result.stdout
+    times = re.search(r"\(load ([0-9.]+) s, plan ([0-9.]+) s, run ([0-9.]+) s\)", result.stdout)
+    assert times, result.stdout  # the study's own time apart from loading (issue 39)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert set(report["study"]["seconds"]) == {"load", "plan", "run"}
     assert (tmp_path / "run" / "study.csv").is_file() and (tmp_path / "run" / "plots" / "study_kl.png").is_file()
 
 

@@ -55,6 +55,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         named = parse_metrics(study.metrics, data.tokenizer)
         refuse_causal_metrics(model, named, "study.metrics", STUDY_CAUSAL_ONLY, STUDY_INSTEAD)
     inputs, labels = _gathered(data)
+    loaded = time.perf_counter() - clock  # building the model, its inputs and the source
     report: dict[str, Any] = {"mode": "study" if settings.mode == "run" else "plan", "seed": settings.seed}
     report["fingerprints"] = {"config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
                               "input": fingerprint(inputs)}  # fmt: skip
@@ -68,7 +69,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         safe=settings.safe, batch_cells=study.batch_cells, progress=progress, ranks=_ranks(), method=study.method,
         steps=study.steps, verify_top=study.verify_top,
     )  # fmt: skip
-    seconds = time.perf_counter() - clock
+    seconds = {"load": loaded, **result.seconds}
     write_tensors(out_dir / "study.safetensors", result.tensors())
     write_text(out_dir / "study.csv", result.csv_text())
     plots = result.plot(out_dir / "plots")
@@ -86,7 +87,8 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", study_markdown(report, result))
     remove_file(out_dir / PARTIAL)  # every cell is in study.safetensors now
-    say(f"study: {len(result.cells)} cells × {data.examples} examples in {seconds:.2f} s; {headline(result)};"
+    times = ", ".join(f"{part} {value:.2f} s" for part, value in seconds.items())
+    say(f"study: {len(result.cells)} cells × {data.examples} examples ({times}); {headline(result)};"
         f" wrote {out_dir}")  # fmt: skip
     return report
 
@@ -175,7 +177,7 @@ def _gathered(data: Batches) -> tuple[Any, torch.Tensor | None]:
     return torch.cat([b.args[0] for b in batches]), labels
 
 
-def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: float) -> dict[str, Any]:
+def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: dict[str, float]) -> dict[str, Any]:
     """report.json's study section: the grid, files, and each metric's means (and baselines) as lists."""
     return {
         "grid": result.grid,
@@ -183,6 +185,7 @@ def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: fl
         "examples": data.examples,
         "metrics": result.metrics,
         "normalized": result.normalized,
+        "normalization": result.normalization,
         "ci": result.ci,
         "n_boot": study.n_boot if result.ci is not None else None,
         "method": study.method,
@@ -212,8 +215,14 @@ def study_markdown(report: dict[str, Any], result: StudyResult) -> str:
         lines.append(f"| {name} | {base['unmodified'][name]:.6g} | {source} |")
     lines += ["", f"Every cell's mean and interval: `study.csv`; per-example values: `study.safetensors` "
               f"(`values/METRIC`, shaped [{', '.join(result.grid)}, examples]).", ""]  # fmt: skip
-    if result.normalized:
-        lines.append(f"`{result.normalized}` is normalized: 0 = the unmodified run, 1 = the source run.")
+    scale = result.normalization
+    if scale is not None:
+        ends = {end: scale[end] if isinstance(scale[end], str) else f"the actions {', '.join(scale[end])} alone"
+                for end in ("zero", "one")}  # fmt: skip
+        over = " on the means over examples" if scale["over"] == "mean" else " per example"
+        lines.append(f"`{scale['metric']}` is normalized{over}: 0 = {ends['zero']}, 1 = {ends['one']}.")
+        if scale["zero_denominators"]:
+            lines.append(f"{scale['zero_denominators']} example(s) score the same in both and are left out (NaN).")
     return "\n".join(lines) + "\n"
 
 

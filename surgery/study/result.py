@@ -32,6 +32,7 @@ class StudyResult:
     tokens: list[str] | None = None  # the first example's tokens, to label positions
     verify: dict[str, Any] | None = None  # verify_top: the top cells exact vs estimated, with correlations
     normalization: dict[str, Any] | None = None  # zero, one, over, metric and how many examples had no scale
+    seconds: dict[str, float] = field(default_factory=dict)  # plan (parse, compile, probe) and run (every pass)
 
     @property
     def metrics(self) -> list[str]:

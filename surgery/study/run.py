@@ -9,6 +9,7 @@ model, scores the cells exactly (``method: patch``) or estimates them (``attribu
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -135,6 +136,7 @@ def run_study(
     verify_top: int | None = None,
 ) -> StudyResult:
     """Every cell of ``grid`` applied to ``model`` and scored per example by ``metrics`` (see :func:`surgery.study`)."""
+    started = time.perf_counter()
     check_method(method, steps, verify_top)
     data = Inputs.of(inputs, "inputs")
     src = Inputs.of(source, "source") if source is not None else None
@@ -191,12 +193,14 @@ def run_study(
     for number, group in enumerate(run.groups if world > 1 else []):
         if number % world != rank:  # another rank's cells: scored there, gathered below
             progress.done[group] = True
+    planned = time.perf_counter()
     run.score(progress)
     values = _gathered(progress.values, run.groups, rank, world) if world > 1 else progress.values
     baselines = {"unmodified": run.base, **({"source": run.src_base} if src is not None else {}), **run.named}
     result = _result(parsed, grid_cells, bound, values, baselines, scale, ci, n_boot, seed, tokenizer, ids)
     if verify_top is not None:
         result.verify = verified(run, result, verify_top, grid_cells)
+    result.seconds = {"plan": planned - started, "run": time.perf_counter() - planned}
     return result
 
 
