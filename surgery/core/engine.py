@@ -17,6 +17,7 @@ from surgery.core.compiler import Plan, compile_plan
 from surgery.core.ledger import Ledger, values_of
 from surgery.core.records import Record, _caller_outside_surgery, flatten_captures
 from surgery.core.restore import ModelState
+from surgery.core.wrapped import inner_module
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
 
 
@@ -244,6 +245,7 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
     ``verify=True`` first notes the model's state (structure, hook attributes, flags, tensor versions;
     no copy of the weights) so that ``remove()`` checks the model came back exactly.
     """
+    model = inner_module(model)
     if not isinstance(plan, Plan):
         plan = compile_plan(model, plan, **plan_options)
     elif plan.model is not model:

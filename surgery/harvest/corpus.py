@@ -195,20 +195,25 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
-def end_of_text(tokenizer: Any) -> int:
-    """The token put between two documents: the tokenizer's end-of-text token (refused when it has none)."""
+def end_of_text(tokenizer: Any, model: Any = None) -> int:
+    """The token put between two documents: the tokenizer's end-of-text token, else the model config's
+    ``eos_token_id`` (GPT-2-style models whose tokenizer file names only ``bos``); refused when neither has one."""
     eos = getattr(tokenizer, "eos_token_id", None)
     if not isinstance(eos, int):
+        eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+    if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+        eos = eos[0]  # a config listing several end tokens: the first, as generation uses it
+    if isinstance(eos, bool) or not isinstance(eos, int):
         raise ConfigError(
-            "input.tokenizer: has no end-of-text token (eos_token) to put between documents; use a tokenizer that"
-            " defines one"
+            "input.tokenizer: has no end-of-text token (eos_token) to put between documents, and the model's config"
+            " names none (eos_token_id); use a tokenizer that defines one"
         )
     return eos
 
 
-def token_stream(tokenizer: Any, documents: Iterator[str]) -> Iterator[list[int]]:
+def token_stream(tokenizer: Any, documents: Iterator[str], eos: int | None = None) -> Iterator[list[int]]:
     """Each document's token ids (no special tokens), the end-of-text token before every document but the first."""
-    eos = end_of_text(tokenizer)
+    eos = end_of_text(tokenizer) if eos is None else eos
     first = True
     pending: list[str] = []
     chars = 0
@@ -232,7 +237,12 @@ def token_stream(tokenizer: Any, documents: Iterator[str]) -> Iterator[list[int]
 
 
 def packed_rows(
-    tokenizer: Any, documents: Iterator[str], context: int, limit_tokens: int | None = None, where: str = "input.path"
+    tokenizer: Any,
+    documents: Iterator[str],
+    context: int,
+    limit_tokens: int | None = None,
+    where: str = "input.path",
+    eos: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """Rows of exactly ``context`` token ids (int64), packed from the documents; at most ``limit_tokens`` tokens.
 
@@ -242,7 +252,7 @@ def packed_rows(
     buffer: list[int] = []
     seen = 0
     yielded = 0
-    for ids in token_stream(tokenizer, documents):
+    for ids in token_stream(tokenizer, documents, eos):
         seen += len(ids)
         buffer.extend(ids)
         start = 0

@@ -89,7 +89,8 @@ def load_tokenizer(
         if model_path is None:
             raise ConfigError(f"{where}: no tokenizer given and no model directory to take one from; set {where}=DIR")
         tokenizer, where = model_path, f"{where} (default: model.path)"
-    path = gate.config_path(Path(str(tokenizer)).expanduser(), where.split(" ")[0])
+    named_by = "model.path" if where.endswith("(default: model.path)") else where  # the key that gave the path
+    path = gate.config_path(Path(str(tokenizer)).expanduser(), named_by)
     if not path.exists():
         raise ConfigError(f"{where}: {str(path)!r} does not exist; give a tokenizer directory or a tokenizer.json file")
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
