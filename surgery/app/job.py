@@ -62,7 +62,8 @@ def run_job(cfg: DictConfig, out_dir: Path, typed: set[str] | None = None, start
 
     ``typed`` are the keys set on the command line (the user's own paths); under ``safe=true`` every other
     path a config names must stay inside ``start`` (the directory the run started in), checked where it is
-    opened (surgery/files/gate.py). The CLI and replay pass it; ``None`` (a Python caller) confines nothing. Nothing is written through a symlink inside ``out_dir``.
+    opened (surgery/files/gate.py). The CLI and replay pass it; ``None`` (a Python caller) confines nothing.
+    Nothing is written through a symlink inside ``out_dir``.
 
     SIGINT or SIGTERM while batches run stops after the current batch and writes what finished,
     with ``"complete": false`` in report.json; at any other time, or a second one, it stops at once.
