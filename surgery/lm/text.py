@@ -140,7 +140,12 @@ def encode_prompts(
         ids = list(tokenizer(text)["input_ids"])
         if not ids:
             at = key if prompts is None else f"{key}[{i}]"
-            raise ConfigError(f"{at}: {text!r} gives no tokens with this tokenizer; give some text")
+            name = type(tokenizer).__name__
+            raise ConfigError(
+                f"{at}: {text!r} gives no tokens with this tokenizer ({name}); a directory's tokenizer.json may be"
+                f" loaded as another class than was saved (transformers 5 makes a Qwen2 directory's a Qwen2Tokenizer):"
+                f" read the file itself with input.tokenizer=DIR/tokenizer.json"
+            )
         encoded.append(ids)
     longest = max(len(ids) for ids in encoded)
     filler = pad_id(tokenizer)
