@@ -113,8 +113,11 @@ def huge_grid(root: Path) -> list[str]:
 
 
 def huge_range(root: Path) -> list[str]:
-    return _experiment(root, "study: {grid: {a: '0:1000000000000'}, metrics: [kl]}\n"
-                             "actions: {p: {kind: modify_output, select: classifier.1, op: add, value: '{a}'}}\n")
+    return _experiment(
+        root,
+        "study: {grid: {a: '0:1000000000000'}, metrics: [kl]}\n"
+        "actions: {p: {kind: modify_output, select: classifier.1, op: add, value: '{a}'}}\n",
+    )
 
 
 def now_format(root: Path) -> list[str]:

@@ -65,3 +65,15 @@ def test_a_prompt_without_tokens_names_the_tokenizer_class_and_the_override() ->
     with pytest.raises(ConfigError) as caught:
         encode_prompts(SilentTokenizer(), prompt="The cat sat")
     assert "(SilentTokenizer)" in str(caught.value) and "input.tokenizer=DIR/tokenizer.json" in str(caught.value)
+
+
+def test_a_tokenizer_whose_regex_panics_in_rust_is_one_line_and_prints_no_backtrace(capfd) -> None:
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1, "[PAD]": 2}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex("(a+)+$"), behavior="isolated")  # backtracks past onig's limit
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="[PAD]")
+    with pytest.raises(ConfigError, match=r"^input.prompt: the tokenizer \(\w+\) failed inside its native library"):
+        encode_prompts(tok, prompt="a" * 40 + "!")
+    assert "panicked" not in capfd.readouterr().err  # Rust's own report went nowhere

@@ -337,6 +337,23 @@ def null_output(fd: int) -> None:
     os.dup2(devnull, fd)
 
 
+@contextlib.contextmanager
+def stderr_muted() -> Iterator[None]:
+    """File descriptor 2 pointed at the null device inside the block: a native library's panic report (Rust
+    prints its backtrace itself, before Python sees the exception) cannot spill past our one line."""
+    import sys
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def finite(value: object, key: str, low: float = -math.inf, high: float = math.inf) -> float:
     """A number read from a data file: a real int or float, finite, in ``[low, high]``; refused otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

@@ -29,6 +29,7 @@ import torch
 from surgery.errors import ConfigError
 from surgery.files import gate
 from surgery.harvest.config import TextDatasetInput
+from surgery.lm.text import tokenized
 
 DOCUMENTS_PER_CALL = 64  # documents tokenized in one call of the (Rust, batched) tokenizer
 CHARS_PER_CALL = 2**20  # ... or fewer, once they hold this many characters (read no further ahead than this)
@@ -220,7 +221,8 @@ def token_stream(tokenizer: Any, documents: Iterator[str], eos: int | None = Non
 
     def encoded(texts: list[str]) -> Iterator[list[int]]:
         nonlocal first
-        for text, ids in zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True):
+        encoded = tokenized(tokenizer, "input.tokenizer", texts, add_special_tokens=False)["input_ids"]
+        for text, ids in zip(texts, encoded, strict=True):
             yield ids if first or isinstance(text, Continued) else [eos, *ids]
             first = False
 
