@@ -209,6 +209,19 @@ def cfg_huge(root: Path) -> list[str]:
     return _sae(root, '{"d_in": 4, "pad": "' + "a" * (16 * 2**20) + '"}')
 
 
+def tokenizer_regex(root: Path) -> list[str]:
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    start = _layout(root)
+    raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex("(a+)+$"), behavior="isolated")  # past Oniguruma's retry limit
+    raw.save(str(start / "tokenizer.json"))
+    (start / "conf" / "experiment" / "x.yaml").write_text(
+        "# @package _global_\ninput: {kind: text, prompt: '" + "a" * 40 + "!', tokenizer: tokenizer.json}\n"
+    )
+    return ["-m", "surgery", "--config-dir", "conf", "+model=induction_lm", "+experiment=x", "safe=true"]
+
+
 def alias_bomb(root: Path) -> list[str]:
     start = _layout(root)
     run = start / "their_run"
@@ -250,6 +263,7 @@ CASES = [
     Case("cfg_architecture_list", "hostile contents", cfg_architecture_list),
     Case("cfg_nan", "hostile contents", cfg_nan, fragment="NaN"),
     Case("cfg_huge", "hostile contents", cfg_huge, fragment="MiB"),
+    Case("tokenizer_regex", "hostile contents", tokenizer_regex, fragment="native library"),
     Case("alias_bomb", "hostile contents", alias_bomb),
 ]
 
