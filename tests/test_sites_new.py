@@ -381,15 +381,19 @@ def test_transformerlens_names_capture_what_their_sites_do(name: str) -> None:
         got, want = _captured(model, name, tl), _captured(model, name, site)
         assert list(got) == list(want) and got, tl
         for key in got:
-            for a, b in zip(got[key], want[key], strict=True):
-                assert (a is None and b is None) or all(
-                    torch.equal(x, y) for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple)
-                                                      else (b,), strict=True)  # fmt: skip
-                ), (tl, key)
-    both = surgery.plan(model, {"c": {"kind": "capture", "select": ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]}})
-    assert both.to_dict()[0]["matched"] == surgery.plan(
-        model, {"c": {"kind": "capture", "select": "@resid_pre"}}
-    ).to_dict()[0]["matched"]
+            assert all(_same(a, b) for a, b in zip(got[key], want[key], strict=True)), (tl, key)
+    pair = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    both = surgery.plan(model, {"c": {"kind": "capture", "select": pair}}).to_dict()[0]["matched"]
+    assert both == surgery.plan(model, {"c": {"kind": "capture", "select": "@resid_pre"}}).to_dict()[0]["matched"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two recorded values (None, a tensor, or a tuple of them) equal bit for bit."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a is None and b is None
 
 
 def test_a_transformerlens_name_on_a_model_that_lacks_the_site_says_which_site_it_is() -> None:
@@ -420,8 +424,11 @@ class _TLLike(nn.Module):
 
 def test_a_real_module_named_like_a_transformerlens_hook_wins() -> None:
     model = _TLLike()
-    for select, matched in (("blocks.1.hook_resid_pre", ["blocks.1.hook_resid_pre"]), ("hook_embed", ["hook_embed"]),
-                            ("blocks.*.hook_resid_pre", ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"])):
+    for select, matched in (
+        ("blocks.1.hook_resid_pre", ["blocks.1.hook_resid_pre"]),
+        ("hook_embed", ["hook_embed"]),
+        ("blocks.*.hook_resid_pre", ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]),
+    ):
         plan = surgery.plan(model, {"c": {"kind": "capture", "select": select}})
         assert plan.to_dict()[0]["matched"] == matched
 

@@ -31,8 +31,14 @@ from surgery.core.select import ModuleIndex
 from surgery.errors import ConfigError
 
 SITE = re.compile(r"@(?:(encoder|decoder)\.)?([a-z_]+)(?:\.(\d+))?")
-INPUT_SITES = {"resid_pre": "hidden_states", "resid_mid": 0, "heads": 0, "attn_in": 0, "mlp_in": 0,
-               "unembed_in": 0}  # site -> the input item it is
+INPUT_SITES = {
+    "resid_pre": "hidden_states",
+    "resid_mid": 0,
+    "heads": 0,
+    "attn_in": 0,
+    "mlp_in": 0,
+    "unembed_in": 0,
+}  # site -> the input item it is
 TENSOR_SITES = (*INPUT_SITES, "attn_pattern")  # not a module of their own: capture and modify only
 OUTPUT_ITEM_SITES = ("resid_post", "attn", "attn_out", "mlp", "mlp_out")
 HOOK_KINDS = ("capture", "modify_output", "modify_input")
