@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -456,3 +457,20 @@ def test_the_site_map_lists_the_new_sites() -> None:
     assert "@attn_in       model.layers.0.input_layernorm … model.layers.1.input_layernorm (2)  [input]" in table
     assert "@attn_pattern  model.layers.0.self_attn … model.layers.1.self_attn (2)  [output item 1:" in table
     assert "@unembed_in    model.norm  [input]" in table
+
+
+def test_the_induction_model_from_the_cli_job_captures_and_plots_its_patterns(tmp_path: Path) -> None:
+    """``+model=induction_lm`` as shipped: ``plot: true`` on @attn_pattern draws the heads; a TL name is its site."""
+    from safetensors.torch import load_file
+
+    from surgery.app.job import run_job
+    from tests.test_cli import composed
+
+    out = tmp_path / "run"
+    run_job(composed("+model=induction_lm", "+actions.p={kind:capture,select:'@attn_pattern.1',plot:true}",
+                     "+actions.t={kind:capture,select:'blocks.0.hook_resid_post'}"), out)  # fmt: skip
+    assert (out / "plots" / "p__transformer.h.1.attn__output.png").stat().st_size > 0
+    saved = load_file(str(out / "captures.safetensors"))
+    pattern = next(v for k, v in saved.items() if k.startswith("p/transformer.h.1.attn/output"))
+    assert pattern.shape[:2] == (1, 4) and torch.allclose(pattern.sum(-1), torch.ones(()))
+    assert any(k.startswith("t/transformer.h.0/output") for k in saved)
