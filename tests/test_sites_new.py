@@ -474,3 +474,11 @@ def test_the_induction_model_from_the_cli_job_captures_and_plots_its_patterns(tm
     pattern = next(v for k, v in saved.items() if k.startswith("p/transformer.h.1.attn/output"))
     assert pattern.shape[:2] == (1, 4) and torch.allclose(pattern.sum(-1), torch.ones(()))
     assert any(k.startswith("t/transformer.h.0/output") for k in saved)
+
+
+def test_a_logit_lens_on_a_transformerlens_name_reads_its_site() -> None:
+    model = model_of("gpt2")
+    actions = {"l": {"kind": "capture", "select": "blocks.1.hook_resid_post", "lens": "logit"}}
+    with surgery.apply(model, actions) as s:  # @resid_post.1 of the last block through the lens: the logits
+        logits = run(model, "gpt2").logits
+    assert torch.equal(s.captures["l"]["transformer.h.1"].output, logits)

@@ -103,7 +103,7 @@ def _named(text: str, tl: dict[str, str]) -> str:
 
 def _lens_by_name(node: Any) -> bool:
     """A ``lens`` (or ``top``) on an action that selects by name or type, not by site."""
-    return isinstance(node, Mapping) and ("lens" in node or "top" in node) and not uses_sites(node)
+    return isinstance(node, Mapping) and ("lens" in node or "top" in node) and not _at_sites(node)
 
 
 def _read_from(node: Any, recorded: dict[str, str]) -> Any:
