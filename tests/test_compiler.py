@@ -224,7 +224,7 @@ def test_replaced_modules_are_what_later_actions_and_plan_targets_see() -> None:
 
 
 def test_plan_errors_name_the_problem_exactly(tmp_path: Path) -> None:
-    assert message(3, {}) == "model: expected a torch.nn.Module, got int"  # type: ignore[arg-type]
+    assert message(3, {}) == "model: expected a torch.nn.Module, got int; pass the torch module it wraps"  # type: ignore[arg-type]
     assert message(TinyNet(), {"select": "fc"}) == (
         f"actions.a.kind: every action needs a kind; kinds: {', '.join(KINDS.names())}"
     )
