@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from surgery.core.records import flatten_captures
 from surgery.core.schema import RunSettings
 from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
+from surgery.files.gate import walk
 from surgery.files.write import expect_disk, write_json, write_tensors
 
 
@@ -73,6 +75,9 @@ def run_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 def _bounded_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from surgery.dist.run import run_ranks, wanted
 
+    # A run killed at once (SIGKILL) in this directory may have left write_atomic's temporary files; none is
+    # ever read as data, and none may outlive the rerun. Before any rank's first write (ranks meet later).
+    remove_temporary_files(out_dir)
     if cfg.get("mode") == "harvest":  # a corpus into an activation dataset, ranks included (surgery/app/harvest_job.py)
         from surgery.app.harvest_job import run_harvest_job
 
@@ -219,7 +224,7 @@ def surgered_run(
 
         splice_found = splice_report(model, job.plan, job.remake, job.splice_metrics, text)
     plan = [{**step, "hooks": hooks.get(step["action"], 0)} for step in job.plan.to_dict()]
-    shards = sorted(p.name for p in (out_dir / "captures").glob("*.safetensors"))
+    shards = [p.name for p in walk(out_dir / "captures", "captures", suffix=".safetensors")]
     body = {
         "plan": plan,
         "model": {
@@ -326,7 +331,7 @@ def run_batches(job: Job, surgery: Surgery, out_dir: Path, scoring: Scoring | No
             prints.append(fingerprint(output))
             shards += write_shard(surgery, out_dir / "captures", shards)
             if batch == 0 and shards:  # as many shards as batches: a run that would pass limits.disk_gb stops now
-                size = (out_dir / "captures" / "batch-00000.safetensors").stat().st_size
+                size = os.path.getsize(out_dir / "captures" / "batch-00000.safetensors")
                 expect_disk((job.batches - 1) * size, f"actions.{min(_streamed(job.plan))}.to")
             job.reached.done = batch + 1
             if job.interrupts.requested:
