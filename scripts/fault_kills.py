@@ -101,7 +101,7 @@ def kinds(sample: bool = False) -> dict[str, Kind]:
     """The three kinds of job; ``sample``: smaller ones, for the suite."""
     return {
         "study": Kind("study", study_args(sample)),
-        "harvest": Kind("harvest", harvest_args, harvest_setup(40 if sample else 120)),
+        "harvest": Kind("harvest", harvest_args, harvest_setup(24 if sample else 120)),
         "sweep": Kind("sweep", sweep_args(6 if sample else 30, "0.5,2" if sample else "0.5,1,2")),
     }
 
@@ -328,13 +328,14 @@ def reference_of(kind: Kind, root: Path, references: int = 2) -> tuple[dict[str,
 
 
 def trial(kind: Kind, root: Path, reference: dict[str, Path], duration: float, rng: random.Random, number: int,
-          tally: Tally, keep: bool = False) -> None:  # fmt: skip
-    """Kill the job once or twice at random moments, rerun it to the end, compare; failures into ``tally``."""
+          tally: Tally, keep: bool = False, times: int | None = None) -> None:  # fmt: skip
+    """Kill the job once or twice (``times``) at random moments, rerun it to the end, compare; failures in ``tally``."""
     from surgery.files.gate import remove_tree
 
     folder = root / kind.name / f"trial-{number:04d}"
     remove_tree(folder)
-    kills = 2 if rng.random() < 0.25 else 1
+    twice = rng.random() < 0.25
+    kills = times or (2 if twice else 1)
     problems: list[str] = []
     for k in range(kills):
         delay = rng.uniform(0.0, duration)
@@ -358,17 +359,17 @@ def trial(kind: Kind, root: Path, reference: dict[str, Path], duration: float, r
             remove_tree(folder)
 
 
-def run_kind(kind: Kind, root: Path, kills: int, seed: int, references: int = 2, keep: bool = False,
-             say: Callable[[str], None] = print) -> Tally:  # fmt: skip
-    """The reference, then ``kills`` trials of ``kind`` (seeded)."""
+def run_kind(kind: Kind, root: Path, trials: int, seed: int, references: int = 2, keep: bool = False,
+             say: Callable[[str], None] = print, times: int | None = None) -> Tally:  # fmt: skip
+    """The reference, then ``trials`` trials of ``kind`` (seeded), each killed ``times`` (default: once or twice)."""
     kind.setup(root)
     reference, duration, problems = reference_of(kind, root, references)
     say(f"{kind.name}: reference {len(reference)} files in {duration:.1f} s")
     tally = Tally(kind.name, failures=problems)
     rng = random.Random(f"{seed}-{kind.name}")
-    for number in range(kills):
-        trial(kind, root, reference, duration, rng, number, tally, keep)
-        if (number + 1) % 10 == 0 or number + 1 == kills:
+    for number in range(trials):
+        trial(kind, root, reference, duration, rng, number, tally, keep, times)
+        if (number + 1) % 10 == 0 or number + 1 == trials:
             say(f"{kind.name}: {number + 1} trials, {tally.identical} identical, {len(tally.failures)} failures")
     return tally
 
