@@ -73,3 +73,20 @@ def test_a_resume_file_that_is_a_link_or_lacks_a_tensor_is_refused_in_one_line(t
     path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")  # cut short while someone else wrote it
     with pytest.raises(ConfigError, match=r"not a whole safetensors file"):
         load_partial(path, prints, ["kl"], 2, 1)
+
+
+def test_a_ranks_files_move_over_what_a_killed_torchrun_had_moved(tmp_path: Path) -> None:
+    from surgery.dist.run import _move_files
+
+    run, staging = tmp_path / "run", tmp_path / "run" / ".rank0"
+    (staging / "plots").mkdir(parents=True)
+    (staging / "captures").mkdir()
+    (staging / "plots" / "a.png").write_bytes(b"new")
+    (staging / "captures" / "batch-00000.safetensors").write_bytes(b"shard")
+    (staging / "captures.safetensors").write_bytes(b"captures")
+    (run / "plots").mkdir()
+    (run / "plots" / "a.png").write_bytes(b"moved before the kill")
+    _move_files(staging, run, 0)
+    assert (run / "plots" / "a.png").read_bytes() == b"new" and not staging.exists()
+    assert (run / "captures" / "rank0-batch-00000.safetensors").read_bytes() == b"shard"
+    assert (run / "captures.rank0.safetensors").read_bytes() == b"captures"

@@ -108,7 +108,8 @@ RANK0_ONLY = ("report.md", "model.safetensors", "plots", "study.safetensors", "s
 def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
     """This rank's files into the run directory under rank-qualified names; the staging folder removed.
 
-    Each file is renamed whole (it was written whole), so a kill leaves it in the staging folder or in place.
+    Each file is renamed whole (it was written whole), so a kill leaves it in the staging folder or in place, and
+    a rerun after a kill moves its files over those (a folder such as ``plots/`` is merged, not refused).
     """
     if not os.path.isdir(staging) or os.path.islink(staging):
         return
@@ -119,7 +120,10 @@ def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
     if rank == 0:
         moves += [(staging / name, run_dir / name) for name in RANK0_ONLY]
     for source, target in moves:
-        if os.path.lexists(source):
+        if os.path.isdir(source) and not os.path.islink(source):  # plots/: file by file, onto what a killed run moved
+            for path in walk(source, "hydra.run.dir"):
+                os.replace(path, writable(target / path.relative_to(source), "hydra.run.dir"))
+        elif os.path.lexists(source):
             os.replace(source, writable(target, "hydra.run.dir"))
     remove_tree(staging)
 
