@@ -86,10 +86,7 @@ class Interrupts:
 
 
 def remove_temporary_files(directory: Path) -> list[Path]:
-    """Delete the temporary files ``write_atomic`` makes (``.NAME.XXXX.tmp``) under ``directory``; those removed."""
-    removed = []
-    for path in directory.rglob(".*.tmp") if directory.is_dir() else ():
-        if path.is_file():
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
+    """Delete the temporary files ``write_atomic`` makes (``.NAME.XXXXXXXX.tmp``) under ``directory``; those removed."""
+    from surgery.files.leftovers import remove_temporary_files as remove
+
+    return remove(directory)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,9 @@ def run_job(cfg: DictConfig, out_dir: Path, typed: set[str] | None = None, start
 def _bounded_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from surgery.dist.run import run_ranks, wanted
 
+    # A run killed at once (SIGKILL) in this directory may have left write_atomic's temporary files; none is
+    # ever read as data, and none may outlive the rerun. Before any rank's first write (ranks meet later).
+    remove_temporary_files(out_dir)
     if cfg.get("mode") == "harvest":  # a corpus into an activation dataset, ranks included (surgery/app/harvest_job.py)
         from surgery.app.harvest_job import run_harvest_job
 
@@ -339,7 +343,7 @@ def run_batches(job: Job, surgery: Surgery, out_dir: Path, scoring: Scoring | No
             prints.append(fingerprint(output))
             shards += write_shard(surgery, out_dir / "captures", shards)
             if batch == 0 and shards:  # as many shards as batches: a run that would pass limits.disk_gb stops now
-                size = (out_dir / "captures" / "batch-00000.safetensors").stat().st_size
+                size = os.path.getsize(out_dir / "captures" / "batch-00000.safetensors")
                 expect_disk((job.batches - 1) * size, f"actions.{min(_streamed(job.plan))}.to")
             job.reached.done = batch + 1
             if job.interrupts.requested:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import shutil
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from surgery.dist.wrap import launched_by_torchrun, start_group, wrap_of
 from surgery.errors import SurgeryError
+from surgery.files.gate import listing, remove_tree, walk, writable
 
 _inside = False  # set while this process runs its rank's job: the job itself then runs as usual
 _wrap = "none"
@@ -73,7 +74,7 @@ def run_ranks(cfg: DictConfig, out_dir: Path, run_job: Callable[[DictConfig, Pat
     dist.all_gather_object(everyone, found)
     failed = [(r, message) for r, (_, message) in enumerate(everyone) if message is not None]
     if failed:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         if error is not None:
             raise error
         raise SurgeryError(f"rank {failed[0][0]}: {failed[0][1]}")
@@ -94,8 +95,10 @@ def run_ranks(cfg: DictConfig, out_dir: Path, run_job: Callable[[DictConfig, Pat
 
 def _drop_own_dir(out_dir: Path) -> None:
     """Remove the run directory Hydra made for this rank when rank 0's differs (only its config and log)."""
-    if out_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out_dir.iterdir()):
-        shutil.rmtree(out_dir, ignore_errors=True)
+    if os.path.isdir(out_dir) and not os.path.islink(out_dir):
+        names = listing(out_dir, "hydra.run.dir")
+        if all(name == ".hydra" or name.endswith(".log") for name in names):
+            remove_tree(out_dir)
 
 
 RENAMED = {"captures.safetensors": "captures.rank{r}.safetensors", "output.safetensors": "output.rank{r}.safetensors"}
@@ -103,22 +106,26 @@ RANK0_ONLY = ("report.md", "model.safetensors", "plots", "study.safetensors", "s
 
 
 def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
-    """This rank's files into the run directory under rank-qualified names; the staging folder removed."""
-    if not staging.is_dir():
+    """This rank's files into the run directory under rank-qualified names; the staging folder removed.
+
+    Each file is renamed whole (it was written whole), so a kill leaves it in the staging folder or in place, and
+    a rerun after a kill moves its files over those (a folder such as ``plots/`` is merged, not refused).
+    """
+    if not os.path.isdir(staging) or os.path.islink(staging):
         return
-    for name, pattern in RENAMED.items():
-        if (staging / name).exists():
-            (staging / name).replace(run_dir / pattern.format(r=rank))
-    shards = staging / "captures"
-    if shards.is_dir():
-        (run_dir / "captures").mkdir(exist_ok=True)
-        for shard in sorted(shards.glob("*.safetensors")):
-            shard.replace(run_dir / "captures" / f"rank{rank}-{shard.name}")
+    moves = [(staging / name, run_dir / pattern.format(r=rank)) for name, pattern in RENAMED.items()]
+    shards = [(shard, run_dir / "captures" / f"rank{rank}-{shard.name}")
+              for shard in walk(staging / "captures", "captures", suffix=".safetensors")]  # fmt: skip
+    moves += shards
     if rank == 0:
-        for name in RANK0_ONLY:
-            if (staging / name).exists():
-                (staging / name).replace(run_dir / name)
-    shutil.rmtree(staging, ignore_errors=True)
+        moves += [(staging / name, run_dir / name) for name in RANK0_ONLY]
+    for source, target in moves:
+        if os.path.isdir(source) and not os.path.islink(source):  # plots/: file by file, onto what a killed run moved
+            for path in walk(source, "hydra.run.dir"):
+                os.replace(path, writable(target / path.relative_to(source), "hydra.run.dir"))
+        elif os.path.lexists(source):
+            os.replace(source, writable(target, "hydra.run.dir"))
+    remove_tree(staging)
 
 
 def merged(reports: list[dict[str, Any]], wrap: str) -> dict[str, Any]:

@@ -62,41 +62,42 @@ class Progress:
 
 
 def load_partial(path: Path, prints: dict[str, str], metrics: list[str], cells: int, examples: int) -> Progress | None:
-    """An interrupted study's progress from ``path``, or None when there is none; refused when it is another study."""
-    if not path.is_file():
+    """An interrupted study's progress from ``path``, or None when there is none; refused when it is another study.
+
+    The file is only ever replaced whole (``write_atomic``), so what is here is one finished save; a file
+    that is not (another tool's, cut short) is refused in one line rather than read.
+    """
+    from surgery.files.leftovers import is_resume_file, resume_tensors, tensor_of
+
+    key = "hydra.run.dir"
+    if not is_resume_file(path, key):
         return None
-    from safetensors import safe_open
-
-    from surgery.files.tensors import read_tensors
-
-    with safe_open(str(path), framework="pt") as f:
-        saved = dict(f.metadata() or {})
+    tensors, saved = resume_tensors(path, key)
     for name, value in prints.items():
         if saved.get(name) != value:
             raise ConfigError(
-                f"hydra.run.dir: {path.parent} holds an interrupted study of another {name} ({PARTIAL});"
+                f"{key}: {path.parent} holds an interrupted study of another {name} ({PARTIAL});"
                 " rerun the same command there, or choose another hydra.run.dir"
             )
-    tensors = read_tensors(path, "study partial")
-    done = tensors.pop("done").bool()
-    values = {m: tensors.get(f"values/{m}") for m in metrics}
-    if done.shape != (cells, examples) or any(v is None or v.shape != done.shape for v in values.values()):
-        raise ConfigError(
-            f"hydra.run.dir: {path} does not fit this study's cells and examples; choose another hydra.run.dir"
-        )
-    return Progress({m: v for m, v in values.items() if v is not None}, done)
+    done = tensor_of(tensors, "done", key, path)
+    values = {m: tensor_of(tensors, f"values/{m}", key, path) for m in metrics}
+    if (
+        done.dtype != torch.uint8
+        or done.shape != (cells, examples)
+        or any(v.dtype != torch.float64 or v.shape != done.shape for v in values.values())
+    ):
+        raise ConfigError(f"{key}: {path} does not fit this study's cells and examples; choose another hydra.run.dir")
+    return Progress(values, done.bool())
 
 
 def saver(path: Path, prints: dict[str, str]) -> Callable[[Progress], None]:
     """Write a Progress to ``path`` atomically, with the fingerprints in its metadata."""
 
     def save(progress: Progress) -> None:
-        from safetensors.torch import save_file
+        from surgery.files.leftovers import write_resume_file
 
-        from surgery.files.write import write_atomic
-
-        tensors = {f"values/{m}": v.contiguous() for m, v in progress.values.items()}
+        tensors = {f"values/{m}": v for m, v in progress.values.items()}
         tensors["done"] = progress.done.to(torch.uint8)
-        write_atomic(path, lambda p: save_file(tensors, str(p), metadata=dict(prints)))
+        write_resume_file(path, tensors, prints, "study.partial")
 
     return save
