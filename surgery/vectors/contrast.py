@@ -170,10 +170,12 @@ def site_rows(
         shape = list(acts.shape) if isinstance(acts, torch.Tensor) else type(acts).__name__
         raise ConfigError(f"{where}.site: {module!r} gives {shape}, not [prompts, tokens, ...]; a vector is read"
                           " per token")  # fmt: skip
-    return at_positions(acts.detach(), lengths, pos, f"{where}.pos")
+    return at_positions(acts.detach(), lengths, pos, f"{where}.pos", list(prompts))
 
 
-def at_positions(acts: torch.Tensor, lengths: Sequence[int], pos: int | str, where: str) -> torch.Tensor:
+def at_positions(
+    acts: torch.Tensor, lengths: Sequence[int], pos: int | str, where: str, prompts: Sequence[str] = ()
+) -> torch.Tensor:
     """Each left-padded row's activation at ``pos`` (or the mean over its real tokens): ``[rows, ...]``."""
     tokens = acts.shape[1]
     rows = []
@@ -184,8 +186,9 @@ def at_positions(acts: torch.Tensor, lengths: Sequence[int], pos: int | str, whe
             continue
         assert isinstance(pos, int)
         if not -length <= pos < length:
-            raise ConfigError(f"{where}: {pos} is outside a prompt of {length} tokens (positions {-length} to"
-                              f" {length - 1})")  # fmt: skip
+            text = f" {prompts[i]!r}" if i < len(prompts) else ""
+            raise ConfigError(f"{where}: {pos} is outside the prompt{text} of {length} token(s) (positions"
+                              f" {-length} to {length - 1})")  # fmt: skip
         rows.append(acts[i, tokens + pos if pos < 0 else first + pos])
     return torch.stack(rows)
 
