@@ -280,3 +280,12 @@ def test_a_grouped_query_llama_reads_the_site_and_the_vector_matches_hooks(tok: 
         expected = llama(**batch.kwargs(), use_cache=False).logits
     handle.remove()
     assert torch.equal(steered, expected)
+
+
+def test_the_shipped_steer_experiment_makes_the_induction_model_say_w25(tmp_path: Path) -> None:
+    report = run_job(composed("+experiment=steer"), tmp_path)
+    rows = report["generate"]["prompts"]
+    assert [r["unmodified"].split()[0] for r in rows] == ["w60", "w60", "w33"]
+    assert [r["surgered"].split()[0] for r in rows] == ["w25", "w25", "w25"]
+    assert report["vectors"][0]["examples"] == {"plus": 4, "minus": 4}
+    assert set(load_file(str(tmp_path / "vectors.safetensors"))) == {"w25"}
