@@ -180,3 +180,11 @@ def test_hydras_own_files_are_not_written_through_a_link_in_a_resumed_run_direct
     assert "is a symlink in the run directory" in result.stderr and len(result.stderr.splitlines()) == 1
     assert sorted(p.name for p in outside.iterdir()) == ["w.safetensors"]
     assert (outside / "w.safetensors").read_bytes() == before
+
+
+def test_the_packages_own_files_are_the_programs_not_a_configs(tmp_path: Path) -> None:
+    """+model=induction_lm under safe=true reads its shipped weights, wherever the run starts."""
+    from surgery.models.induction import WEIGHTS
+
+    with gate.confined(tmp_path):
+        assert gate.config_path(WEIGHTS, "model.path") == WEIGHTS

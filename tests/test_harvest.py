@@ -80,7 +80,7 @@ def test_harvested_rows_equal_the_models_own_outputs_bit_for_bit(corpus: Corpus,
         assert torch.equal(got, expected[site]), site
     manifest = rows.manifest
     assert manifest["complete"] and manifest["rows"] == len(rows) and manifest["tokens"] == len(rows) * CONTEXT
-    assert manifest["sites"] == {s: {"shape": [32]} for s in SITES} and manifest["dtype"] == "float32"
+    assert manifest["sites"] == {s: {"shape": [32], "module": s} for s in SITES} and manifest["dtype"] == "float32"
     assert len(manifest["shards"]) == -(-len(rows) // 8) and manifest["rows_per_shard"] == 8
     assert set(manifest["fingerprints"]) == {"model", "corpus", "config", "tokens"}
     assert manifest["surgery_version"] == surgery.__version__
@@ -126,7 +126,7 @@ def test_sites_of_several_selectors_and_widths_from_one_forward(corpus: Corpus, 
     harvest_corpus(corpus.model, corpus.tokenizer, corpus.jsonl, tmp_path / "a", sites, context=CONTEXT,
                    batch_size=4, limit_tokens=12 * CONTEXT, progress=False)  # fmt: skip
     rows = surgery.activations.open(tmp_path / "a", by="row")
-    assert rows.manifest["sites"] == {sites[0]: {"shape": [32]}, sites[1]: {"shape": [128]}}
+    assert rows.manifest["sites"] == {s: {"shape": [w], "module": s} for s, w in zip(sites, (32, 128), strict=True)}
     ids = torch.stack([rows[i]["input_ids"] for i in range(len(rows))])
     expected = outputs_by_hand(corpus.model, ids, sites, batch=4)
     for site in sites:
@@ -278,7 +278,7 @@ def bad_inputs(corpus: Corpus, tmp: Path) -> list[tuple[dict[str, Any], str]]:
         ({"sites": ["transformer.h.*", "transformer.h.x"]}, r"harvest.sites: 'transformer.h.x' matched no module"),
         (
             {"sites": ["transformer.h.*", "transformer.h.1"]},
-            r"harvest.sites: transformer.h.1 is matched by both 'transformer.h.\*' and 'transformer.h.1'; each module",
+            r"harvest.sites: transformer.h.1 is matched by both 'transformer.h.\*' and 'transformer.h.1'; each site",
         ),
     ]
 

@@ -545,14 +545,15 @@ def test_modules_and_plan_print_the_site_map(
     out = capsys.readouterr().out
     assert "sites (gemma2: Gemma2DecoderLayer; model.layers: 2 blocks):" in out
     assert (
-        "@mlp_out     model.layers.0.post_feedforward_layernorm … model.layers.1.post_feedforward_layernorm (2)" in out
+        "@mlp_out       model.layers.0.post_feedforward_layernorm … model.layers.1.post_feedforward_layernorm (2)"
+        in out
     )
     run_job(composed("+model=hf", f"model.path={zoo['opt']}", "+actions=[capture_residual,ablate_mlp]", "mode=plan",
                      f"+input.tokenizer={zoo['tokenizer']}"), tmp_path / "plan")  # fmt: skip
     out = capsys.readouterr().out
     assert "ablate_mlp        modify_output  forward hook  2  model.decoder.layers.0.fc2, model.decoder.layers.1.fc2" \
         in out  # fmt: skip
-    assert "@mlp         model.decoder.layers.0.fc2 … model.decoder.layers.1.fc2 (2)  [output]" in out
+    assert "@mlp           model.decoder.layers.0.fc2 … model.decoder.layers.1.fc2 (2)  [output]" in out
 
 
 def test_cli_a_site_the_model_lacks_exits_2_with_one_line(zoo: dict[str, Path], tmp_path: Path) -> None:

@@ -112,6 +112,13 @@ def test_all_means_every_block_for_a_site_number_and_every_position_for_an_index
     assert result.grid == {"layer": [0, 1, 2], "pos": [0, 1, 2, 3]}
 
 
+def test_all_means_every_block_for_a_transformerlens_hook_name_too() -> None:
+    model = tiny_gpt2(20, 1, n_layer=3)
+    ids = torch.randint(2, 20, (2, 4), generator=torch.Generator().manual_seed(0))
+    tl = {"a": {"kind": "modify_output", "select": "blocks.{layer}.hook_resid_post", "op": "add", "value": 1.0}}
+    assert surgery.study(model, tl, {"layer": "all"}, ids, ["kl"]).grid == {"layer": [0, 1, 2]}
+
+
 def test_all_means_every_head_for_head() -> None:
     model = tiny_gpt2(20, 1, n_head=4)
     ids = torch.randint(2, 20, (2, 4), generator=torch.Generator().manual_seed(0))

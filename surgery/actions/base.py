@@ -8,7 +8,6 @@ touching nothing) and returns the function that performs it (``apply``, given th
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from surgery.core.steps import (  # noqa: F401 - re-exported: every kind file ta
     Step,
     TensorSpec,
 )
+from surgery.core.wrapped import forward_parameters
 from surgery.errors import ActionError, ConfigError, NoMatchError, SurgeryError, did_you_mean
 
 
@@ -191,9 +191,8 @@ def input_position(target: Target, name: str, where: str) -> int | None:
 
     A name ``forward`` does not take (and no ``**kwargs`` to take it) is a ConfigError.
     """
-    try:
-        params = list(inspect.signature(target.module.forward).parameters.values())
-    except (TypeError, ValueError):  # no signature to read: trust the config
+    params = forward_parameters(target.module)
+    if params is None:  # no signature to read: trust the config
         return None
     names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if name not in names and not any(p.kind == p.VAR_KEYWORD for p in params):

@@ -36,6 +36,7 @@ from surgery.core.ledger import Ledger
 from surgery.core.schema import FORWARD_FNS, TENSOR_OPS, ModifyAction, ReplaceForwardAction
 from surgery.core.select import Target
 from surgery.core.structure import get_item, replace_item
+from surgery.core.wrapped import forward_parameters
 from surgery.errors import ConfigError
 from surgery.expr.check import compile_expr
 from surgery.expr.parsing import compile_index
@@ -329,9 +330,8 @@ class ModifyInput(Kind):
 def _positions_text(target: Target) -> str:
     """Why a negative input position is refused, with how many positional inputs the module's forward takes."""
     head = "an input is picked by its position from 0, or by argument name"
-    try:
-        params = list(inspect.signature(target.module.forward).parameters.values())
-    except (TypeError, ValueError):
+    params = forward_parameters(target.module)
+    if params is None:
         return head
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     more = " (and any number more)" if any(p.kind == p.VAR_POSITIONAL for p in params) else ""

@@ -79,7 +79,7 @@ def _elementwise(cfg: OpArgs, where: str, seed: int, action: str, var: str, safe
         return lambda: _mean_ablate(dims)
     if op == "noise":
         std = float(cfg.std)  # type: ignore[arg-type]
-        key = seed_for(seed, action)  # hashed once here: Dynamo cannot trace sha256 inside a hook
+        key = cfg.seed if cfg.seed is not None else seed_for(seed, action)  # hashed once: Dynamo cannot trace sha256
         return lambda: _noise(std, key, replay=var != "grad")  # forward hooks may be recomputed by checkpointing
     if op == "expr":
         expr = compile_expr(str(cfg.expr), f"{where}.expr", names=(var, "module"))

@@ -63,7 +63,8 @@ def run_job(cfg: DictConfig, out_dir: Path, typed: set[str] | None = None, start
 
     ``typed`` are the keys set on the command line (the user's own paths); under ``safe=true`` every other
     path a config names must stay inside ``start`` (the directory the run started in), checked where it is
-    opened (surgery/files/gate.py). Nothing is written through a symlink inside ``out_dir``.
+    opened (surgery/files/gate.py). The CLI and replay pass it; ``None`` (a Python caller) confines nothing.
+    Nothing is written through a symlink inside ``out_dir``.
 
     SIGINT or SIGTERM while batches run stops after the current batch and writes what finished,
     with ``"complete": false`` in report.json; at any other time, or a second one, it stops at once.
@@ -75,7 +76,8 @@ def run_job(cfg: DictConfig, out_dir: Path, typed: set[str] | None = None, start
     from surgery.files.gate import confined, writing_into
 
     settings = settings_of(cfg)
-    paths = confined(start or Path.cwd(), typed or set()) if settings.safe else contextlib.nullcontext()
+    confine = settings.safe and typed is not None  # None: a Python caller, whose config paths are its own
+    paths = confined(start or Path.cwd(), typed or set()) if confine else contextlib.nullcontext()
     with enforced(limits_of(settings)), paths, writing_into(out_dir):  # bounded costs, paths and writes
         return _bounded_job(cfg, out_dir)
 

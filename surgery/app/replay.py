@@ -181,7 +181,7 @@ def replay(run_dir: Path, out_dir: Path, trust: bool = False) -> tuple[dict[str,
 
     cfg, old = load_run(run_dir)
     with contextlib.redirect_stdout(sys.stderr):
-        report = run_job(cfg if trust else untrusted(cfg), out_dir)
+        report = run_job(cfg if trust else untrusted(cfg), out_dir, None if trust else set())
     if not trust and isinstance(report.get("fingerprints"), dict):  # the saved config's, not the forced copy's
         report["fingerprints"]["config"] = fingerprint(OmegaConf.to_container(cfg, resolve=True))
     return old, report

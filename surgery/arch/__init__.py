@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from surgery.arch.expand import expand_sites, uses_sites
 from surgery.arch.lens import LogitLens, lens_report, top_tokens
-from surgery.arch.sites import SITES, SiteMap, site_hint, site_map, site_map_text
+from surgery.arch.sitemap import SITES, SiteMap
+from surgery.arch.sites import site_hint, site_map, site_map_text
 from surgery.core.compiler import NO_MATCH_HINTS, SELECTOR_REWRITES
 
 if expand_sites not in SELECTOR_REWRITES:

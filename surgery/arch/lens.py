@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.arch.sites import SiteMap
+from surgery.arch.sitemap import SiteMap
 from surgery.core.callables import OWN_TRANSFORMS
 from surgery.core.select import ModuleIndex
 from surgery.core.structure import get_item

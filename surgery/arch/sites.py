@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import re
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from surgery.arch.families import BY_BLOCK, Family, Path
+from surgery.arch.families import BY_BLOCK, POST_NORM, Family, Path
+from surgery.arch.sitemap import BLOCK_SITES, HINT_ORDER, MODEL_SITES, STACK_ROLES, SiteMap, Stack
 from surgery.core.select import ModuleIndex
 from surgery.errors import ConfigError
-
-BLOCK_SITES = ("blocks", "resid_pre", "resid_mid", "resid_post", "attn", "attn_out", "mlp", "mlp_out", "heads")
-MODEL_SITES = ("embed", "final_norm", "unembed")
-SITES = ("embed", *BLOCK_SITES, "final_norm", "unembed")
-STACK_ROLES = ("encoder", "decoder")
-HINT_ORDER = ("mlp", "attn", "attn_out", "mlp_out", "heads", "resid_mid", "blocks", "embed", "final_norm", "unembed")
 
 # the structural fallback: children of a block, by the roles their names show
 _ROLE_NAMES = {
@@ -32,100 +26,10 @@ _ROLE_NAMES = {
     "mlp": re.compile(r"mlp|ffn|feed_?forward|moe|block_sparse_moe"),
     "heads": re.compile(r"o_proj|out_proj|c_proj|dense|o|wo|proj"),
     "mlp_norm": re.compile(r"ln_?2|norm_?2|post_attention_layernorm|pre_feedforward_layernorm|ffn_norm"),
+    "attn_norm": re.compile(r"ln_?1|norm_?1|input_layernorm|attn_norm|attention_norm|self_attn_layer_norm"),
 }
-
-
-@dataclass
-class Stack:
-    """One repeated block list: its name, its blocks' names, and the module holding it."""
-
-    name: str
-    blocks: list[str]
-    parent: str
-    role: str = ""  # "encoder" / "decoder" in an encoder-decoder model, else ""
-
-
-@dataclass
-class SiteMap:
-    """Every site of one model: per stack and block the real module name, or why it is absent."""
-
-    family: str  # a family's name, or "structure (BLOCK_CLASS)"
-    stacks: list[Stack]
-    per_block: dict[str, list[list[str]]]  # site -> per stack, per block: the module name
-    model_level: dict[str, list[str]]  # embed, final_norm, unembed -> module names
-    absent: dict[str, str]  # site -> why this model has none
-    heads: int | None = None  # attention heads (of q, not kv)
-    d_head: int | None = None
-    output_only: tuple[str, ...] = ()
-    notes: str = ""
-    lens: dict[str, Any] = field(default_factory=dict)  # what a logit lens needs: norm, unembed, softcap, scale
-
-    def names(self, site: str, block: int | None = None, role: str = "", where: str = "select") -> list[str]:
-        """The real module names of ``site`` (block ``block`` only; stack ``role`` only), or a ConfigError."""
-        if site not in SITES:
-            raise ConfigError(f"{where}: @{site} is not a site; sites: {', '.join('@' + s for s in SITES)}")
-        if site in self.absent:
-            raise ConfigError(f"{where}: @{site} does not exist on this model ({self.family}): {self.absent[site]}")
-        stacks = [i for i, s in enumerate(self.stacks) if not role or s.role == role]
-        if role and not stacks:
-            roles = [s.role for s in self.stacks if s.role]
-            raise ConfigError(
-                f"{where}: @{role}. needs an encoder-decoder model; this one ({self.family}) has"
-                f" {'stacks ' + ', '.join(roles) if roles else 'one block list'}: drop the {role}. prefix"
-            )
-        if site in MODEL_SITES:
-            if block is not None:
-                raise ConfigError(f"{where}: @{site} is one module for the model, not per block: drop .{block}")
-            found = self.model_level[site]
-            if role:
-                prefixes = tuple(self.stacks[i].parent + "." for i in stacks)
-                found = [n for n in found if n.startswith(prefixes)] or found
-            return found
-        out = []
-        for i in stacks:
-            per = self.per_block[site][i]
-            if block is not None:
-                if block >= len(per):
-                    counts = " and ".join(f"{len(s.blocks)} ({s.name})" for s in self.stacks)
-                    raise ConfigError(
-                        f"{where}: @{site}.{block} is past the last block: this model ({self.family}) has {counts}"
-                        f" blocks, numbered from 0"
-                    )
-                out.append(per[block])
-            else:
-                out.extend(per)
-        return out
-
-    def rows(self) -> list[tuple[str, str]]:
-        """(site, modules) for printing: each site with its first block's module, or why it is absent."""
-        out = []
-        for site in SITES:
-            if site in self.absent:
-                out.append((f"@{site}", f"- ({self.absent[site]})"))
-                continue
-            if site in MODEL_SITES:
-                out.append((f"@{site}", ", ".join(self.model_level[site])))
-                continue
-            shown = []
-            for per in self.per_block[site]:
-                first, last = per[0], per[-1]
-                shown.append(first if len(per) == 1 else f"{first} … {last} ({len(per)})")
-            extra = ""
-            if site == "heads":
-                extra = f"  [input, as {self.heads} heads × {self.d_head}]"
-            elif site in ("resid_pre", "resid_mid"):
-                extra = "  [input]"
-            elif site in self.output_only:
-                extra = "  [output]"
-            out.append((f"@{site}", "; ".join(shown) + extra))
-        return out
-
-    def table(self) -> str:
-        """The site map as lines: ``@site  real module names``."""
-        rows = self.rows()
-        width = max(len(r[0]) for r in rows)
-        head = f"sites ({self.family}; {', '.join(f'{s.name}: {len(s.blocks)} blocks' for s in self.stacks)}):"
-        return "\n".join([head, *(f"  {site.ljust(width)}  {where}" for site, where in rows)])
+_NO_PATTERN = ("mapped by structure: where the attention probabilities are is not known; capture"
+               " {select: '@attn', function: softmax} with eager attention")  # fmt: skip
 
 
 _CACHE: weakref.WeakKeyDictionary[nn.Module, tuple[int, SiteMap | ConfigError]] = weakref.WeakKeyDictionary()
@@ -223,7 +127,8 @@ def _from_family(
     absent = dict(family.absent)
     per_block: dict[str, list[list[str]]] = {s: [] for s in BLOCK_SITES}
     paths = {"attn": family.attn, "attn_out": family.attn_out, "mlp": family.mlp, "mlp_out": family.mlp_out,
-             "heads": family.heads, "resid_mid": family.mlp_norm}  # fmt: skip
+             "heads": family.heads, "resid_mid": family.mlp_norm, "attn_in": family.attn_norm,
+             "mlp_in": family.mlp_norm, "attn_pattern": family.attn}  # fmt: skip
     for stack in stacks:
         per_block["blocks"].append(list(stack.blocks))
         per_block["resid_pre"].append(list(stack.blocks))
@@ -242,7 +147,7 @@ def _from_family(
     heads, d_head = _head_shape(model, index, position, per_block, absent)
     block_class = type(index.modules[position[stacks[0].blocks[0]]]).__name__
     sites = SiteMap(f"{family.name}: {block_class}", stacks, per_block, model_level, absent, heads, d_head,
-                    family.output_only, family.notes)  # fmt: skip
+                    family.output_only, family.notes, pattern_item=family.pattern_item)  # fmt: skip
     sites.lens = _lens(model, sites)
     return sites
 
@@ -256,6 +161,8 @@ def _post_norm(
         absent["resid_mid"] = "parallel attention and MLP (use_parallel_residual): both read the block input"
     if getattr(block, "do_layer_norm_before", True) is False:
         absent["resid_mid"] = "post-norm blocks (do_layer_norm_before: false): the MLP norm follows the residual add"
+        for site in ("attn_in", "mlp_in"):
+            absent[site] = f"post-norm blocks (do_layer_norm_before: false): {POST_NORM}"
 
 
 def _name_of(module: Any, index: ModuleIndex) -> str | None:
@@ -295,7 +202,16 @@ def _model_level(
     if unembed is None:
         absent.setdefault("unembed", "no output embedding (get_output_embeddings() gives none): no LM head")
     out["unembed"] = [unembed] if unembed else []
+    out["unembed_in"] = _unembed_norm(norms, stacks)
+    if "final_norm" in absent or "unembed" in absent:
+        absent.setdefault("unembed_in", absent.get("final_norm") or absent["unembed"])
     return out
+
+
+def _unembed_norm(norms: list[str], stacks: list[Stack]) -> list[str]:
+    """The final norm the unembedding reads: the decoder's in an encoder-decoder model."""
+    decoder = [s.parent + "." for s in stacks if s.role == "decoder"]
+    return [n for n in norms if n.startswith(tuple(decoder))] if decoder else norms[-1:]
 
 
 def _inside(stack: Stack) -> str:
@@ -351,7 +267,7 @@ def _by_structure(model: nn.Module, index: ModuleIndex, position: dict[str, int]
     inside = [n[len(first) + 1 :] for n in index.names if n.startswith(first + ".")]
     children = [n for n in inside if "." not in n]
     found: dict[str, str | None] = {}
-    for role in ("attn", "mlp", "mlp_norm"):
+    for role in ("attn", "mlp", "mlp_norm", "attn_norm"):
         found[role] = next((c for c in children if _ROLE_NAMES[role].fullmatch(c.lower())), None)
     attn = found["attn"]
     if attn is not None:
@@ -362,7 +278,8 @@ def _by_structure(model: nn.Module, index: ModuleIndex, position: dict[str, int]
         found["heads"] = None
     found["attn_out"], found["mlp_out"] = attn, found["mlp"]
     roles = {"attn": "attn", "attn_out": "attn_out", "mlp": "mlp", "mlp_out": "mlp_out", "heads": "heads",
-             "resid_mid": "mlp_norm"}  # fmt: skip
+             "resid_mid": "mlp_norm", "attn_in": "attn_norm", "mlp_in": "mlp_norm"}  # fmt: skip
+    absent["attn_pattern"] = _NO_PATTERN
     for site, role in roles.items():
         rel = found[role]
         names = [_resolve(b, rel, position) for b in stack.blocks] if rel else []

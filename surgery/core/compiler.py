@@ -21,6 +21,7 @@ from surgery.core.paths import config_dir, group_options
 from surgery.core.schema import validate
 from surgery.core.select import ModuleIndex, Target, as_list, closest_names
 from surgery.core.steps import KINDS, BindContext, Step
+from surgery.core.wrapped import inner_module
 from surgery.errors import ConfigError, NoMatchError, did_you_mean
 from surgery.files.gate import read_text
 
@@ -137,8 +138,7 @@ def compile_plan(
     ``batches`` batches) are checked before anything is applied. ``shared``: what plans of the same
     unmodified model can reuse (a study's cells): its module index, validated configs, selections.
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    model = inner_module(model)  # nnsight's NNsight(model): its inner module tree
     index = shared.index_of(model) if shared is not None else ModuleIndex.of(model)
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}

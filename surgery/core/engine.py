@@ -17,6 +17,8 @@ from surgery.core.compiler import Plan, compile_plan
 from surgery.core.ledger import Ledger, values_of
 from surgery.core.records import Record, _caller_outside_surgery, flatten_captures
 from surgery.core.restore import ModelState
+from surgery.core.tensors import unshared
+from surgery.core.wrapped import inner_module
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
 
 
@@ -82,9 +84,10 @@ class Surgery:
         """The calls of ``to: disk`` captures since the last take, keyed ``ACTION/MODULE/WHAT[/CALL]``, then forgotten.
 
         Taken after each batch (the CLI writes them as one shard), this bounds capture memory by about one batch.
+        No two tensors share memory, so ``safetensors.torch.save_file(s.take_streamed(), path)`` works.
         """
         streamed = {a: self._ledger.captures.get(a, {}) for a in self._ledger.streamed}
-        flat = flatten_captures(streamed)
+        flat = unshared(flatten_captures(streamed))
         for records in streamed.values():
             for record in records.values():
                 record.calls.clear()
@@ -244,6 +247,7 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
     ``verify=True`` first notes the model's state (structure, hook attributes, flags, tensor versions;
     no copy of the weights) so that ``remove()`` checks the model came back exactly.
     """
+    model = inner_module(model)
     if not isinstance(plan, Plan):
         plan = compile_plan(model, plan, **plan_options)
     elif plan.model is not model:

@@ -182,6 +182,7 @@ class OpArgs:
     min: float | None = None  # clamp
     max: float | None = None  # clamp
     std: float | None = None  # noise
+    seed: int | None = None  # noise: the stream's key (0 to 2**63-1); null: sha256 of "RUN_SEED/ACTION_NAME"
     dim: Any = 0  # mean_ablate: dim or list of dims to average over
     max_norm: float | None = None  # clip_norm
     expr: str | None = None  # expr: the new value; the tensor is named output, x or grad
@@ -209,6 +210,8 @@ class OpArgs:
             raise FieldError("scale", f"multiplies the value or source of ops {takers}, not op {self.op!r}")
         if self.op == "noise" and (self.std or 0) < 0:
             raise FieldError("std", f"must be >= 0 (the noise's standard deviation), got {self.std}")
+        if self.seed is not None and (self.op != "noise" or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63):
+            raise FieldError("seed", f"op noise takes a seed from 0 to 2**63-1 (its stream's key), got {self.seed!r}")
         if self.op == "clamp" and self.min is None and self.max is None:
             raise FieldError("min", "op 'clamp' needs min, max or both")
         if self.op == "clamp" and self.min is not None and self.max is not None and self.min > self.max:

@@ -51,3 +51,18 @@ def computed(tensor: torch.Tensor) -> torch.Tensor:
 def is_computed(tensor: torch.Tensor) -> bool:
     """Whether ``computed`` marked this very tensor (not an equal one)."""
     return _COMPUTED.get(id(tensor)) is tensor
+
+
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with no two sharing memory (a later one that shares is cloned): what ``save_file`` accepts.
+
+    GPT-2's blocks all receive the same ``position_ids`` tensor, so a capture of block inputs holds one
+    tensor under several keys; safetensors refuses to write shared memory.
+    """
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else -1
+        out[key] = tensor.clone() if ptr in seen else tensor
+        seen.add(ptr)
+    return out

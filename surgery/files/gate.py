@@ -34,6 +34,7 @@ from typing import IO, Any
 from surgery.errors import ConfigError
 from surgery.files.paths import refuse_url
 
+PACKAGE = os.path.realpath(Path(__file__).resolve().parent.parent)  # surgery's own files (shipped weights, conf)
 MiB = 2**20
 METADATA_MAX = 4 * MiB  # a cfg.json, manifest, state.json or report.json: a few MiB at most
 LINE_MAX = 1 * MiB  # one line of a corpus; a longer one is refused naming file and line
@@ -88,7 +89,7 @@ def config_path(value: str | Path, key: str) -> Path:
         return Path(text)
     refuse_url(text, key, "the config")
     real = os.path.realpath(text)
-    if not _within(real, limit.start):
+    if not _within(real, limit.start) and not _within(real, PACKAGE):  # the package's files are the program's
         raise ConfigError(
             f"{key}: {text!r}{_through(text, real)} is outside the start directory {limit.start!r}, refused because"
             f" safe=true: a config file may name only paths inside it; to use it anyway, type it on the command"
@@ -334,6 +335,23 @@ def null_output(fd: int) -> None:
     """Point file descriptor ``fd`` at the null device (a reader of our output left)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
+
+
+@contextlib.contextmanager
+def stderr_muted() -> Iterator[None]:
+    """File descriptor 2 pointed at the null device inside the block: a native library's panic report (Rust
+    prints its backtrace itself, before Python sees the exception) cannot spill past our one line."""
+    import sys
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def finite(value: object, key: str, low: float = -math.inf, high: float = math.inf) -> float:

@@ -22,7 +22,7 @@ from torch import nn
 
 from surgery.errors import ConfigError
 from surgery.harvest.config import HarvestSettings, TextDatasetInput
-from surgery.harvest.corpus import TextCorpus, packed_rows
+from surgery.harvest.corpus import TextCorpus, end_of_text, packed_rows
 from surgery.harvest.run import HarvestRun, Outcome, harvest
 from surgery.harvest.shards import json_fingerprint, state_fingerprint
 
@@ -66,8 +66,10 @@ def harvest_corpus(
                                           "shard_mb": shard_mb}, "harvest")  # fmt: skip
     check_context(model, context)
     corpus = TextCorpus.open(corpus_input)
-    excluded = sorted({i for i in (getattr(tokenizer, f"{name}_token_id", None) for name in settings.exclude)
-                       if isinstance(i, int)})  # fmt: skip
+    eos = end_of_text(tokenizer, model)  # the tokenizer's, else the model config's (the shipped induction model)
+    special = {name: getattr(tokenizer, f"{name}_token_id", None) for name in settings.exclude}
+    special["eos"] = eos if "eos" in special else None
+    excluded = sorted({i for i in special.values() if isinstance(i, int)})
     vocab = sorted(tokenizer.get_vocab().items()) if hasattr(tokenizer, "get_vocab") else repr(tokenizer)
     config = {"sites": settings.sites, "exclude": settings.exclude, "dtype": settings.dtype, "shard_mb": shard_mb,
               "batch_size": batch_size, "context": context, "actions": actions or {}, "seed": seed}  # fmt: skip
@@ -78,7 +80,7 @@ def harvest_corpus(
     }
     about = {"corpus": corpus.describe(), "exclude": settings.exclude, "limit_tokens": limit_tokens,
              "model": {"class": f"{type(model).__module__}.{type(model).__qualname__}"}}  # fmt: skip
-    rows = packed_rows(tokenizer, corpus.documents(), context, limit_tokens)
+    rows = packed_rows(tokenizer, corpus.documents(), context, limit_tokens, eos=eos)
     run = HarvestRun(
         model, rows, Path(directory), list(settings.sites), context, dict(actions or {}), excluded,
         getattr(torch, settings.dtype) if settings.dtype else None, settings.shard_mb, batch_size,

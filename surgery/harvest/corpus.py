@@ -29,6 +29,7 @@ import torch
 from surgery.errors import ConfigError
 from surgery.files import gate
 from surgery.harvest.config import TextDatasetInput
+from surgery.lm.text import tokenized
 
 DOCUMENTS_PER_CALL = 64  # documents tokenized in one call of the (Rust, batched) tokenizer
 CHARS_PER_CALL = 2**20  # ... or fewer, once they hold this many characters (read no further ahead than this)
@@ -195,27 +196,33 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
-def end_of_text(tokenizer: Any) -> int:
-    """The token put between two documents: the tokenizer's end-of-text token (refused when it has none)."""
+def end_of_text(tokenizer: Any, model: Any = None) -> int:
+    """The token put between two documents: the tokenizer's end-of-text token, else the model config's
+    ``eos_token_id`` (GPT-2-style models whose tokenizer file names only ``bos``); refused when neither has one."""
     eos = getattr(tokenizer, "eos_token_id", None)
     if not isinstance(eos, int):
+        eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+    if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+        eos = eos[0]  # a config listing several end tokens: the first, as generation uses it
+    if isinstance(eos, bool) or not isinstance(eos, int):
         raise ConfigError(
-            "input.tokenizer: has no end-of-text token (eos_token) to put between documents; use a tokenizer that"
-            " defines one"
+            "input.tokenizer: has no end-of-text token (eos_token) to put between documents, and the model's config"
+            " names none (eos_token_id); use a tokenizer that defines one"
         )
     return eos
 
 
-def token_stream(tokenizer: Any, documents: Iterator[str]) -> Iterator[list[int]]:
+def token_stream(tokenizer: Any, documents: Iterator[str], eos: int | None = None) -> Iterator[list[int]]:
     """Each document's token ids (no special tokens), the end-of-text token before every document but the first."""
-    eos = end_of_text(tokenizer)
+    eos = end_of_text(tokenizer) if eos is None else eos
     first = True
     pending: list[str] = []
     chars = 0
 
     def encoded(texts: list[str]) -> Iterator[list[int]]:
         nonlocal first
-        for text, ids in zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True):
+        encoded = tokenized(tokenizer, "input.tokenizer", texts, add_special_tokens=False)["input_ids"]
+        for text, ids in zip(texts, encoded, strict=True):
             yield ids if first or isinstance(text, Continued) else [eos, *ids]
             first = False
 
@@ -232,7 +239,12 @@ def token_stream(tokenizer: Any, documents: Iterator[str]) -> Iterator[list[int]
 
 
 def packed_rows(
-    tokenizer: Any, documents: Iterator[str], context: int, limit_tokens: int | None = None, where: str = "input.path"
+    tokenizer: Any,
+    documents: Iterator[str],
+    context: int,
+    limit_tokens: int | None = None,
+    where: str = "input.path",
+    eos: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """Rows of exactly ``context`` token ids (int64), packed from the documents; at most ``limit_tokens`` tokens.
 
@@ -242,7 +254,7 @@ def packed_rows(
     buffer: list[int] = []
     seen = 0
     yielded = 0
-    for ids in token_stream(tokenizer, documents):
+    for ids in token_stream(tokenizer, documents, eos):
         seen += len(ids)
         buffer.extend(ids)
         start = 0

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -117,10 +117,18 @@ def harvest(run: HarvestRun) -> Outcome:
     return Outcome(manifest, manifest["complete"], state.computed, time.perf_counter() - clock)
 
 
-def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -> tuple[Plan, dict[str, str]]:
+class Site(NamedTuple):
+    """Where one harvested site is recorded: the capture action and the module it records."""
+
+    action: str
+    module: str
+
+
+def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -> tuple[Plan, dict[str, Site]]:
     """The recipe plus one capture per selector of ``harvest.sites``, planned together.
 
-    Returns the plan and each site's module name with the capture action recording it. A selector per
+    Returns the plan and, per stored name, the capture action and module. An ``@`` site is stored under its
+    site name (``resid_pre.1``, the module in the manifest), a glob under the module's name. A selector per
     action lets one harvest mix globs and kinds of ``@`` site; a module matched twice is refused.
     """
     captures = {f"{ACTION}_{i}": selector for i, selector in enumerate(run.sites)}
@@ -138,7 +146,7 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
             raise
         rest = text.partition(": ")[2].replace(" Set allow_empty: true if that is expected.", "")
         raise ConfigError(f"harvest.sites: {rest}") from None
-    names: dict[str, str] = {}
+    names: dict[str, Site] = {}
     for step in plan.steps:
         if step.name not in captures:
             continue
@@ -146,17 +154,40 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
             raise ConfigError(
                 f"harvest.sites: {captures[step.name]!r} matched no module; see the names with mode=modules"
             )
+        labels = site_labels(run.model, captures[step.name], [t.name for t in step.targets])
         for target in step.targets:
-            if target.name in names:
-                first = captures[names[target.name]]
+            label = labels[target.name]  # one name, one site: @resid_pre.1 and @resid_post.1 share a module
+            if label in names:
+                first = captures[names[label].action]
                 raise ConfigError(
-                    f"harvest.sites: {target.name} is matched by both {first!r} and {captures[step.name]!r}; each"
-                    " module is one site, so give it once"
+                    f"harvest.sites: {label} is matched by both {first!r} and {captures[step.name]!r}; each"
+                    " site is stored once, so give it once"
                 )
-            names[target.name] = step.name
+            names[label] = Site(step.name, target.name)
     if TOKENS in names:
         raise ConfigError(f"harvest.sites: a module named {TOKENS!r} would share the folder of the token ids")
     return plan, names
+
+
+def site_labels(model: nn.Module, selector: str, modules: list[str]) -> dict[str, str]:
+    """Each module's stored name: its site name for an ``@`` selector (``resid_pre.1``, ``decoder.mlp.0``,
+    ``embed``), else the module's own name."""
+    if not selector.startswith("@"):
+        return {m: m for m in modules}
+    from surgery.arch.sites import MODEL_SITES, site_map
+
+    parts = selector[1:].split(".")
+    role = parts.pop(0) if parts[0] in ("encoder", "decoder") else ""
+    prefix, site = f"{role}." if role else "", parts[0]
+    if site in MODEL_SITES:
+        return {m: f"{prefix}{site}" if len(modules) == 1 else m for m in modules}
+    sites = site_map(model)
+    found = {}
+    for stack, per in zip(sites.stacks, sites.per_block.get(site, []), strict=False):
+        if not role or stack.role == role:
+            found.update({name: f"{prefix}{site}.{i}" for i, name in enumerate(per)})
+    labels = {m: found.get(m, m) for m in modules}
+    return labels if len(set(labels.values())) == len(labels) else {m: m for m in modules}
 
 
 def rows_per_shard(row_bytes: int, shard_mb: float, batch_size: int) -> int:
@@ -166,11 +197,11 @@ def rows_per_shard(row_bytes: int, shard_mb: float, batch_size: int) -> int:
 
 
 def _probe(
-    surgery: Surgery, model: nn.Module, row: torch.Tensor, kwargs: dict[str, Any], names: dict[str, str]
+    surgery: Surgery, model: nn.Module, row: torch.Tensor, kwargs: dict[str, Any], names: dict[str, Site]
 ) -> dict[str, list[int]]:
     """Each site's per-token shape, from one row through the surgered model."""
     run_forward(model, row, kwargs)
-    return {n: list(site_tensor(surgery, action, n, 1, row.shape[1]).shape[2:]) for n, action in names.items()}
+    return {n: list(site_tensor(surgery, *site, 1, row.shape[1]).shape[2:]) for n, site in names.items()}
 
 
 def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> None:
@@ -186,7 +217,7 @@ def _check_costs(run: HarvestRun, row_bytes: dict[str, int], per_shard: int) -> 
 
 
 def _start(
-    run: HarvestRun, names: dict[str, str], shapes: dict[str, list[int]], dtype: torch.dtype, per_shard: int
+    run: HarvestRun, names: dict[str, Site], shapes: dict[str, list[int]], dtype: torch.dtype, per_shard: int
 ) -> dict[str, Any]:
     """The manifest of this harvest so far; an earlier one in the directory must be the same harvest."""
     import torch.distributed as dist
@@ -198,7 +229,7 @@ def _start(
         "context": run.context,
         "rows_per_shard": per_shard,
         "batch_size": run.batch_size,
-        "sites": {n: {"shape": shapes[n]} for n in names},
+        "sites": {n: {"shape": shapes[n], "module": site.module} for n, site in names.items()},
         "dtype": str(dtype).removeprefix("torch."),
         "excluded_ids": list(run.excluded),
         **run.about,
@@ -214,7 +245,7 @@ class _Loop:
     """The rows cut into shards; this rank's unfinished ones computed, written in the background."""
 
     def __init__(
-        self, run: HarvestRun, surgery: Surgery, names: dict[str, str], shapes: dict[str, list[int]],
+        self, run: HarvestRun, surgery: Surgery, names: dict[str, Site], shapes: dict[str, list[int]],
         dtype: torch.dtype, per_shard: int, writer: ThreadPoolExecutor, kwargs: dict[str, Any], device: torch.device,
         manifest: dict[str, Any],
     ) -> None:  # fmt: skip
@@ -277,8 +308,8 @@ class _Loop:
         for start in range(0, n, batch):
             part = source[start : start + batch].to(self.device, non_blocking=self.pinned)
             run_forward(self.job.model, part, self.kwargs)
-            for name, action in self.names.items():
-                found = site_tensor(self.surgery, action, name, part.shape[0], context)
+            for name, site in self.names.items():
+                found = site_tensor(self.surgery, *site, part.shape[0], context)
                 found = found.to(self.dtype)  # converted where it was computed: a GPU copies the smaller tensor
                 buffers[name][start : start + part.shape[0]].copy_(found, non_blocking=self.pinned)
             bar.update(part.numel())

@@ -77,6 +77,24 @@ class TextBatch:
         return TextBatch(self.prompts, self.input_ids.to(device), self.attention_mask.to(device), self.lengths, decoder)
 
 
+def tokenized(tokenizer: Any, where: str, text: Any, **options: Any) -> Any:
+    """``tokenizer(text, **options)``; a panic inside the native library (a ``tokenizer.json`` whose regex
+    backtracks past Oniguruma's retry limit) is one line naming ``where``, its report kept off the terminal."""
+    try:
+        with gate.stderr_muted():
+            return tokenizer(text, **options)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+        if isinstance(e, Exception) and not type(e).__name__.endswith("PanicException"):
+            raise
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ConfigError(
+            f"{where}: the tokenizer ({type(tokenizer).__name__}) failed inside its native library on this text:"
+            f" {first[:200]}; its tokenizer.json (a pre-tokenizer regex?) cannot be used"
+        ) from None
+
+
 def load_tokenizer(
     tokenizer: str | Path | None = None, model_path: str | Path | None = None, where: str = "input.tokenizer"
 ) -> Any:
@@ -89,7 +107,8 @@ def load_tokenizer(
         if model_path is None:
             raise ConfigError(f"{where}: no tokenizer given and no model directory to take one from; set {where}=DIR")
         tokenizer, where = model_path, f"{where} (default: model.path)"
-    path = gate.config_path(Path(str(tokenizer)).expanduser(), where.split(" ")[0])
+    named_by = "model.path" if where.endswith("(default: model.path)") else where  # the key that gave the path
+    path = gate.config_path(Path(str(tokenizer)).expanduser(), named_by)
     if not path.exists():
         raise ConfigError(f"{where}: {str(path)!r} does not exist; give a tokenizer directory or a tokenizer.json file")
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -136,10 +155,15 @@ def encode_prompts(
     key = f"{where}.prompt" if prompts is None else f"{where}.prompts"
     encoded: list[list[int]] = []
     for i, text in enumerate(texts):
-        ids = list(tokenizer(text)["input_ids"])
+        at = key if prompts is None else f"{key}[{i}]"
+        ids = list(tokenized(tokenizer, at, text)["input_ids"])
         if not ids:
-            at = key if prompts is None else f"{key}[{i}]"
-            raise ConfigError(f"{at}: {text!r} gives no tokens with this tokenizer; give some text")
+            name = type(tokenizer).__name__
+            raise ConfigError(
+                f"{at}: {text!r} gives no tokens with this tokenizer ({name}); a directory's tokenizer.json may be"
+                f" loaded as another class than was saved (transformers 5 makes a Qwen2 directory's a Qwen2Tokenizer):"
+                f" read the file itself with input.tokenizer=DIR/tokenizer.json"
+            )
         encoded.append(ids)
     longest = max(len(ids) for ids in encoded)
     filler = pad_id(tokenizer)

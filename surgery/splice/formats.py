@@ -100,19 +100,26 @@ _CACHE: dict[tuple[Any, ...], SpliceWeights] = {}
 _CACHE_SIZE = 64  # a study plans every cell again: the same file is read once while it is unchanged
 
 
-def load(path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None) -> SpliceWeights:
-    """The SAE at ``path`` (a SAELens directory or a .safetensors file), checked; read once while unchanged."""
+def load(
+    path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None, transcoding: bool = False
+) -> SpliceWeights:
+    """The SAE at ``path`` (a SAELens directory or a .safetensors file), checked; read once while unchanged.
+
+    ``transcoding``: the action reads one side and writes the other (``read: input, at: output``), so a plain
+    ``.safetensors`` file is a transcoder: its ``b_dec`` lives in the output space and is never subtracted from
+    the input (as SAELens's transcoders and SAELens directories here), unless ``apply_b_dec_to_input`` says so.
+    """
     found = resolve(path, where)
     files = [found / CFG_FILE, found / WEIGHTS_FILE] if found.is_dir() else [found]
     stamp = tuple((str(os.path.realpath(f)), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists())
-    key = (stamp, activation, k, apply_b_dec)
+    key = (stamp, activation, k, apply_b_dec, transcoding)
     cached = _CACHE.get(key)
     if cached is not None:
         return replace(cached, source=path)
     weights = (
         _load_dir(found, path, where, activation, k, apply_b_dec)
         if found.is_dir()
-        else _load_file(found, path, where, activation, k, apply_b_dec)
+        else _load_file(found, path, where, activation, k, apply_b_dec, transcoding)
     )
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
@@ -249,8 +256,9 @@ def _short(value: Any) -> str:
 
 
 def _load_file(
-    found: Path, path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None
-) -> SpliceWeights:
+    found: Path, path: str, where: str, activation: str | None, k: int | None, apply_b_dec: bool | None,
+    transcoding: bool = False,
+) -> SpliceWeights:  # fmt: skip
     if found.suffix.lower() != ".safetensors":
         raise ConfigError(
             f"{where}: {path!r} is neither a SAELens directory (cfg.json + {WEIGHTS_FILE}) nor a .safetensors file"
@@ -262,14 +270,14 @@ def _load_file(
         raise ConfigError(f"{action}.k: activation topk needs k (how many features stay active per position)")
     if kind != "topk" and k is not None:
         raise ConfigError(f"{action}.k: only activation topk takes k; this splice's activation is {kind!r}")
-    b_dec_in = True if apply_b_dec is None else apply_b_dec
+    b_dec_in = not transcoding if apply_b_dec is None else apply_b_dec
     weights = _build(tensors, path, path, where, kind, k, b_dec_in, False, "W_skip" in tensors)
     if weights.d_in != weights.d_out and b_dec_in:
         raise ConfigError(
             f"{action}.apply_b_dec_to_input: {path!r} maps width {weights.d_in} to {weights.d_out} (a transcoder), so"
             " b_dec cannot be subtracted from its input; set apply_b_dec_to_input: false"
         )
-    return replace(weights, transcoder=weights.d_in != weights.d_out)
+    return replace(weights, transcoder=transcoding or weights.d_in != weights.d_out)
 
 
 def _build(

@@ -140,7 +140,7 @@ class Splice(Kind):
         where = f"{ctx.where}.module.path"
         loaded: list[tuple[Target, SpliceWeights]] = []
         for target, path in zip(targets, paths_for(cfg, targets, where)):
-            weights = load(path, where, cfg.activation, cfg.k, cfg.apply_b_dec_to_input)
+            weights = load(path, where, cfg.activation, cfg.k, cfg.apply_b_dec_to_input, cfg.reads != cfg.at)
             if weights.activation == "topk" and int(weights.k or 0) > weights.d_sae:
                 raise ConfigError(f"{ctx.where}.k: topk keeps {weights.k} of {weights.d_sae} features in {path!r}")
             if cfg.features_top is not None and cfg.features_top > weights.d_sae:

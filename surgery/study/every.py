@@ -16,6 +16,7 @@ from torch import nn
 from surgery.errors import ConfigError
 
 _SITE_BLOCK = re.compile(r"@(?:(encoder|decoder)\.)?([a-z_]+)\.\{([A-Za-z_][A-Za-z_0-9]*)\}")
+_TL_BLOCK = re.compile(r"(?:^|[^A-Za-z0-9_.])blocks\.\{([A-Za-z_][A-Za-z_0-9]*)\}\.(?:attn\.)?hook_")  # TransformerLens
 _WHOLE = re.compile(r"\{([A-Za-z_][A-Za-z_0-9]*)\}")
 
 
@@ -31,6 +32,9 @@ def every_value(
         for role, site, name in _SITE_BLOCK.findall(text) if key in ("select", "exclude") else ():
             if name in meanings:
                 meanings[name].setdefault("blocks", (_blocks(model, site, role, at), at))
+        for name in _TL_BLOCK.findall(text) if key in ("select", "exclude") else ():
+            if name in meanings:
+                meanings[name].setdefault("blocks", (_blocks(model, "resid_pre", "", at), at))
         whole = _WHOLE.fullmatch(text)
         if key == "head" and whole and whole.group(1) in meanings:
             meanings[whole.group(1)].setdefault("heads", (_heads(model, at), at))

@@ -18,6 +18,7 @@ from torch import nn
 
 from surgery.core.compiler import Plan, Shared, compile_plan, load_actions
 from surgery.core.probe import check_before_apply
+from surgery.core.wrapped import inner_module
 from surgery.errors import ConfigError, SurgeryError
 from surgery.safe.costs import check_forward_rows, check_study
 from surgery.study.baselines import Normalization, label, normalized, parse_normalize
@@ -137,6 +138,7 @@ def run_study(
 ) -> StudyResult:
     """Every cell of ``grid`` applied to ``model`` and scored per example by ``metrics`` (see :func:`surgery.study`)."""
     started = time.perf_counter()
+    model = inner_module(model)  # a wrapped model (nnsight) runs as its inner module
     check_method(method, steps, verify_top)
     data = Inputs.of(inputs, "inputs")
     src = Inputs.of(source, "source") if source is not None else None
