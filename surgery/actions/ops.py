@@ -55,14 +55,13 @@ def make_op(
 
 def _elementwise(cfg: OpArgs, where: str, seed: int, action: str, var: str, safe: bool) -> Callable[[], Op]:
     op = cfg.op
-    if op == "add":
+    if op in ("add", "mul", "set"):
         value = float(cfg.value)  # type: ignore[arg-type]
-        return lambda: lambda t, m: t + value
-    if op == "mul":
-        value = float(cfg.value)  # type: ignore[arg-type]
-        return lambda: lambda t, m: t * value
-    if op == "set":
-        value = float(cfg.value)  # type: ignore[arg-type]
+        value = value * cfg.scale if cfg.scale is not None else value
+        if op == "add":
+            return lambda: lambda t, m: t + value
+        if op == "mul":
+            return lambda: lambda t, m: t * value
         return lambda: lambda t, m: torch.full_like(t, value)
     if op == "zero":
         return lambda: lambda t, m: torch.zeros_like(t)

@@ -30,7 +30,7 @@ from surgery.actions.base import KeyedError
 from surgery.core.select import Target
 from surgery.core.steps import broadcasts
 from surgery.core.structure import get_item
-from surgery.core.tensors import owned
+from surgery.core.tensors import is_computed, owned
 from surgery.errors import ConfigError, did_you_mean
 
 Op = Callable[[torch.Tensor, Any], torch.Tensor]
@@ -83,10 +83,11 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
 
 
 def _python_tensor(cfg: Any, where: str, safe: bool) -> tuple[str, torch.Tensor] | None:
-    """(key, tensor) when a Python recipe gave a tensor as ``value`` or ``from``; refused under ``safe``."""
+    """(key, tensor) when a Python recipe gave a tensor as ``value`` or ``from``; refused under ``safe`` unless
+    surgery computed it itself from the run's config (a steering vector of ``vectors:``)."""
     for key, value in (("value", cfg.value), ("from", cfg.from_)):
         if isinstance(value, torch.Tensor):
-            if safe:
+            if safe and not is_computed(value):
                 raise ConfigError(
                     f"{where}.{key}: a Python tensor is refused because safe=true (safe recipes are config text;"
                     " give it as from: {file, key} instead, or set safe=false)"
@@ -129,6 +130,7 @@ def source_op(cfg: Any, where: str, safe: bool, index: tuple | None, ctx: Source
     combine = COMBINE[cfg.op]
     given = _python_tensor(cfg, where, safe)
     key = "from" if cfg.from_ is not None else "value"
+    scale = cfg.scale
     if given is not None:
         fixed: torch.Tensor | None = owned(given[1])  # a copy taken now: the caller may change theirs later
     elif "file" in cfg.from_:
@@ -136,6 +138,8 @@ def source_op(cfg: Any, where: str, safe: bool, index: tuple | None, ctx: Source
     else:
         fixed = None
         read = _capture_reader(cfg, where, ctx)
+    if fixed is not None and scale is not None:
+        fixed = fixed * scale  # once, as a hand-written hook adding `scale * vector` computes it
 
     def build(ledger: Any = None) -> Op:
         source_for: Callable[[torch.Tensor, Any], torch.Tensor]
@@ -158,6 +162,8 @@ def source_op(cfg: Any, where: str, safe: bool, index: tuple | None, ctx: Source
             if ledger is not None and ledger.sourcing and fixed is None:
                 return t  # a source pass: the capture is recording what this op will read later
             src = source_for(t, m)
+            if scale is not None and fixed is None:
+                src = src * scale
             part = t if index is None else t[index]
             src = onto(src, t, part, index, key)
             new = combine(part, src.to(dtype=part.dtype))

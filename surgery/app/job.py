@@ -29,6 +29,7 @@ from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
 from surgery.files.gate import listing
 from surgery.files.write import expect_disk, write_json, write_tensors
+from surgery.vectors import Vector, summaries
 
 
 def forward(
@@ -153,6 +154,8 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
         "plan": job.plan.to_dict(),
         "warnings": job.plan.warnings,
     }
+    if job.vectors:  # computed before the plan: written first, so every mode keeps them
+        report["vectors"] = write_vectors(out_dir, job.vectors)
     prints = {
         "config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
         "matched_modules": fingerprint(report["plan"]),
@@ -186,6 +189,12 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
     write_report_md(report, out_dir, [out_dir / p for p in report["plots"]])
     say(summary_line(report, out_dir))
     return report
+
+
+def write_vectors(out_dir: Path, vectors: dict[str, Vector]) -> list[dict[str, Any]]:
+    """``vectors.safetensors`` (each vector under its name) in the run directory; report.json's list of them."""
+    write_tensors(out_dir / "vectors.safetensors", {name: v.tensor for name, v in vectors.items()}, "vectors")
+    return summaries(vectors)
 
 
 def surgered_run(

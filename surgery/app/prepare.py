@@ -31,6 +31,7 @@ from surgery.core.output import say
 from surgery.core.schema import RunSettings
 from surgery.data.metrics import Metric
 from surgery.dist.run import wrapped
+from surgery.vectors import Vector, compute_vectors, named_as_vectors, steering
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Job:
     reached: Reached = field(default_factory=Reached)
     losses: list[float] = field(default_factory=list)  # with backward: the surgered model's loss, per batch
     loss_metric: Any = None  # loss: {logit_diff: ...}: the per-example metric the backward starts from
+    vectors: dict[str, Vector] = field(default_factory=dict)  # the vectors: block, computed before planning
     splice_metrics: tuple[str, ...] = ()  # l0, ... of the plan's splices, after the run (surgery/app/splice_metrics.py)
     remake: Any = None  # makes the run's batches again (the splice metrics' own pass over them)
 
@@ -103,14 +105,15 @@ def prepare(cfg: DictConfig) -> Job | None:
     source = source_batches(cfg, settings, device, model, data)
     batches = data.count
     timings = {"build_s": time.perf_counter() - clock}
+    vectors, steered = run_vectors(cfg, settings, model, data.tokenizer, actions, timings)
     clock = time.perf_counter()
-    plan = compile_plan(
-        model, actions, seed=settings.seed, strict=settings.strict, safe=settings.safe, example_inputs=data.first.args,
-        example_kwargs=data.first.kwargs,
-        batches=batches,
-    )  # fmt: skip
+    with named_as_vectors(actions):
+        plan = compile_plan(
+            model, steered, seed=settings.seed, strict=settings.strict, safe=settings.safe,
+            example_inputs=data.first.args, example_kwargs=data.first.kwargs, batches=batches,
+        )  # fmt: skip
     timings["plan_s"] = time.perf_counter() - clock
-    job = Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings)
+    job = Job(cfg, settings, model, spec, data, plan, load_late, source, metrics, timings, vectors=vectors)
     if splice_names:
         job.splice_metrics = splice_names
         job.remake = lambda: on_device(make_batches(spec, settings.seed, run_dtype(settings, model), made_on, model,
@@ -121,6 +124,18 @@ def prepare(cfg: DictConfig) -> Job | None:
         name, options = next(iter(settings.loss.items()))
         job.loss_metric = per_example(str(name), options, data.tokenizer, where="loss")
     return job
+
+
+def run_vectors(
+    cfg: DictConfig, settings: RunSettings, model: nn.Module, tokenizer: Any, actions: dict[str, Any],
+    timings: dict[str, float],
+) -> tuple[dict[str, Vector], dict[str, Any]]:  # fmt: skip
+    """The ``vectors:`` block computed on the model (before any surgery), and the actions adding them."""
+    clock = time.perf_counter()
+    vectors = compute_vectors(model, settings.vectors, tokenizer, settings.safe)
+    if vectors:
+        timings["vectors_s"] = time.perf_counter() - clock
+    return vectors, steering(actions, vectors)
 
 
 def source_batches(

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from surgery.app.batches import Batches, input_spec, make_batches
 from surgery.app.build import build_model, resolve_device, run_dtype, seed_everything, settings_of
-from surgery.app.prepare import source_batches
+from surgery.app.job import write_vectors
+from surgery.app.prepare import run_vectors, source_batches
 from surgery.app.report import environment, fingerprint
 from surgery.core.compiler import load_actions
 from surgery.core.output import say
@@ -30,6 +31,7 @@ from surgery.study.plots import undrawn
 from surgery.study.result import StudyResult
 from surgery.study.resume import PARTIAL, Progress, load_partial, saver
 from surgery.study.run import check_method, grid_of, plan_cells, run_study
+from surgery.vectors import named_as_vectors
 
 
 def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -48,6 +50,8 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}), model)
     data = make_batches(spec, settings.seed, run_dtype(settings, model), device, model, cfg.model.get("path"))
     source = source_batches(cfg, settings, device, model, data)
+    given = actions
+    vectors, actions = run_vectors(cfg, settings, model, data.tokenizer, given, {})  # before any cell is planned
     if data.text is not None:  # a masked LM or T5 has no next-token loss
         from surgery.lm.kinds import STUDY_CAUSAL_ONLY, STUDY_INSTEAD, refuse_causal_metrics
         from surgery.study.metrics import parse_metrics
@@ -59,16 +63,20 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {"mode": "study" if settings.mode == "run" else "plan", "seed": settings.seed}
     report["fingerprints"] = {"config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
                               "input": fingerprint(inputs)}  # fmt: skip
+    if vectors:
+        report["vectors"] = write_vectors(out_dir, vectors)
     if settings.mode == "plan":
-        return _plan_only(model, actions, study, inputs, data, settings, out_dir, report)
+        with named_as_vectors(given):
+            return _plan_only(model, actions, study, inputs, data, settings, out_dir, report)
     src = None if source is None else _gathered(source)[0]
     progress = _progress(out_dir, report["fingerprints"], model, actions, study, inputs, data)
-    result = run_study(
-        model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
-        ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
-        safe=settings.safe, batch_cells=study.batch_cells, progress=progress, ranks=_ranks(), method=study.method,
-        steps=study.steps, verify_top=study.verify_top,
-    )  # fmt: skip
+    with named_as_vectors(given):
+        result = run_study(
+            model, actions, study.grid, inputs, study.metrics, source=src, labels=labels, normalize=study.normalize,
+            ci=study.ci, n_boot=study.n_boot, tokenizer=data.tokenizer, seed=settings.seed, strict=settings.strict,
+            safe=settings.safe, batch_cells=study.batch_cells, progress=progress, ranks=_ranks(),
+            method=study.method, steps=study.steps, verify_top=study.verify_top,
+        )  # fmt: skip
     seconds = {"load": loaded, **result.seconds}
     write_tensors(out_dir / "study.safetensors", result.tensors())
     write_text(out_dir / "study.csv", result.csv_text())

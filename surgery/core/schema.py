@@ -96,6 +96,7 @@ class RunSettings:
     study: Any = None  # a grid of interventions scored per example (SPEC §13; surgery/study/config.py)
     harvest: Any = None  # mode=harvest: {sites, exclude, dtype, shard_mb} (SPEC §17; surgery/harvest/config.py)
     limits: Any = None  # {memory_gb, disk_gb, count}: null is unbounded, or safe=true's 8, 8, 10000 (docs/sharing.md)
+    vectors: Any = None  # named steering vectors computed before planning; actions add them (surgery/vectors)
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, MODES)

@@ -189,6 +189,8 @@ class OpArgs:
     fn: Any = None  # fn: pkg.module:function or a _target_ node, called fn(tensor) -> tensor
     from_: Any = None  # add, mul, set, patch: {file, key} | {capture: ACTION, what, reduce, dim} | a tensor
     index: str | None = None  # subscript such as "[:, 3:5]": only that slice changes
+    scale: float | None = None  # add, mul, set, patch: the value or source is multiplied by this first
+    vector: Any = None  # a vector of the run's vectors: block, put in as value before planning (surgery/vectors)
 
     def check_op(self, ops: tuple[str, ...]) -> None:
         """Check the op is known here and has the values it needs."""
@@ -196,7 +198,16 @@ class OpArgs:
         for key in OP_NEEDS.get(self.op, ()):
             if getattr(self, key) is None:
                 raise FieldError(yaml_key(key), f"op {self.op!r} needs {yaml_key(key)}")
+        if self.vector is not None:  # surgery.vectors puts the vector in as value; a name left here has none
+            raise FieldError(
+                "vector",
+                f"{self.vector!r} is not a vector here: name one of the run's vectors: block"
+                " (docs/vectors.md); in Python, surgery.vectors.steering(actions, {name: tensor})",
+            )
         self.check_source()
+        if self.scale is not None and self.op not in SOURCE_OPS:
+            takers = ", ".join(SOURCE_OPS)
+            raise FieldError("scale", f"multiplies the value or source of ops {takers}, not op {self.op!r}")
         if self.op == "noise" and (self.std or 0) < 0:
             raise FieldError("std", f"must be >= 0 (the noise's standard deviation), got {self.std}")
         if self.seed is not None and (self.op != "noise" or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63):

@@ -8,6 +8,8 @@ what it returns with ``owned`` so results do not depend on where a file put the 
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 ALIGNMENT = 64  # bytes; what PyTorch's CPU allocator guarantees for fresh storage
@@ -34,6 +36,21 @@ def is_owned(tensor: torch.Tensor) -> bool:
         and storage.nbytes() == tensor.numel() * tensor.element_size()
         and tensor.data_ptr() % ALIGNMENT == 0
     )
+
+
+_COMPUTED: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def computed(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark ``tensor`` as computed by surgery itself from a run's config (a steering vector from prompts), so
+    ``safe=true``, which refuses tensors handed in from Python, takes it as an action's ``value``."""
+    _COMPUTED[id(tensor)] = tensor
+    return tensor
+
+
+def is_computed(tensor: torch.Tensor) -> bool:
+    """Whether ``computed`` marked this very tensor (not an equal one)."""
+    return _COMPUTED.get(id(tensor)) is tensor
 
 
 def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

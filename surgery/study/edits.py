@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from surgery.actions.base import input_position
@@ -68,6 +69,9 @@ def edits_of(plan: Plan, cell: Mapping[str, Any] | str) -> list[Edit]:
                 f"study.method: attribution estimates {', '.join(EDITS)} ops of modify_input/modify_output;"
                 f" {where} is {what}; use method: patch"
             )
+        if isinstance(cfg.value, torch.Tensor) or cfg.scale is not None:  # a steering vector: surgery/vectors
+            raise ConfigError(f"study.method: {where} adds a tensor or a scaled value; attribution estimates number"
+                              " values and capture sources only; use method: patch")  # fmt: skip
         source = cfg.from_
         if source is not None and not (isinstance(source, dict) and "capture" in source):
             raise ConfigError(f"study.method: {where}.from: attribution reads sources from a capture only")
