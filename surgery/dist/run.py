@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from surgery.dist.wrap import launched_by_torchrun, start_group, wrap_of
 from surgery.errors import SurgeryError
-from surgery.files.gate import listing, remove_tree, walk, writable
+from surgery.files.gate import listing, move, remove_tree, walk
 
 _inside = False  # set while this process runs its rank's job: the job itself then runs as usual
 _wrap = "none"
@@ -122,9 +122,9 @@ def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
     for source, target in moves:
         if os.path.isdir(source) and not os.path.islink(source):  # plots/: file by file, onto what a killed run moved
             for path in walk(source, "hydra.run.dir"):
-                os.replace(path, writable(target / path.relative_to(source), "hydra.run.dir"))
+                move(path, target / path.relative_to(source), "hydra.run.dir")
         elif os.path.lexists(source):
-            os.replace(source, writable(target, "hydra.run.dir"))
+            move(source, target, "hydra.run.dir")
     remove_tree(staging)
 
 

@@ -299,6 +299,11 @@ def _not_a_link(path: str, key: str, run_dir: bool = True) -> None:
         )
 
 
+def move(source: str | Path, target: str | Path, key: str) -> None:
+    """Rename ``source`` (a file the run wrote whole) onto ``target`` in the run directory, never through a link."""
+    os.replace(source, writable(target, key))
+
+
 def remove_file(path: str | Path) -> None:
     """Remove one file the run wrote (a link is removed itself, never followed)."""
     with contextlib.suppress(FileNotFoundError):
