@@ -77,3 +77,16 @@ def test_a_tokenizer_whose_regex_panics_in_rust_is_one_line_and_prints_no_backtr
     with pytest.raises(ConfigError, match=r"^input.prompt: the tokenizer \(\w+\) failed inside its native library"):
         encode_prompts(tok, prompt="a" * 40 + "!")
     assert "panicked" not in capfd.readouterr().err  # Rust's own report went nowhere
+
+
+def test_an_attention_pattern_plot_is_labelled_by_the_prompts_tokens() -> None:
+    from surgery.app.plots import figure_of
+
+    pattern = torch.softmax(torch.randn(1, 2, 3, 3), -1)  # [batch, heads, query, key]
+    fig = figure_of(pattern, "capture · transformer.h.0.attn · output.1", tokens=["<bos>", " w3", " w17"])
+    first = fig.axes[0]
+    assert [t.get_text() for t in first.get_xticklabels()] == ["<bos>", " w3", " w17"]
+    assert [t.get_text() for t in first.get_yticklabels()] == ["<bos>", " w3", " w17"]
+    assert first.get_title().startswith("head 0")
+    other = figure_of(torch.randn(1, 2, 4, 4), "not a pattern of this prompt", tokens=["a", "b", "c"])
+    assert not other.axes[0].get_xticklabels()  # a map of another size keeps no labels

@@ -229,7 +229,7 @@ def surgered_run(
         output, output_print, done = run_batches(job, surgery, out_dir, scoring)
         memory = {a: r for a, r in surgery.captures.items() if a not in _streamed(job.plan)}
         captures = flatten_captures(memory)
-        images = _plot(surgery, out_dir)
+        images = _plot(surgery, out_dir, _first_tokens(job.data))
         hooks = dict(surgery.hook_count)
     finally:
         surgery.remove(verify=False)  # checked below, not while an error may be on its way out
@@ -375,12 +375,19 @@ def _streamed(plan: Plan) -> set[str]:
     return {s.name for s in plan.steps if s.enabled and s.streams}
 
 
-def _plot(surgery: Surgery, out_dir: Path) -> list[Path]:
+def _plot(surgery: Surgery, out_dir: Path, tokens: list[str] | None = None) -> list[Path]:
     if not surgery.plotted:
         return []
     from surgery.app.plots import plot_records  # matplotlib only when plotting
 
-    return plot_records(surgery.captures, surgery.plotted, out_dir)
+    return plot_records(surgery.captures, surgery.plotted, out_dir, tokens)
+
+
+def _first_tokens(data: Batches) -> list[str] | None:
+    """The first prompt's tokens as text (padding included), to label a plotted attention pattern's axes."""
+    if data.text is None or data.tokenizer is None:
+        return None
+    return [str(data.tokenizer.decode([int(t)])) for t in data.text.input_ids[0]]
 
 
 def progress(data: Batches) -> Any:

@@ -26,7 +26,9 @@ MAX_SIDE = 256  # feature maps larger than this are averaged down before drawing
 WHATS = ("input", "output", "grad_input", "grad_output", "grad")
 
 
-def plot_tensor(tensor: torch.Tensor, title: str, path: Path, gradient: bool = False) -> Path:
+def plot_tensor(
+    tensor: torch.Tensor, title: str, path: Path, gradient: bool = False, tokens: list[str] | None = None
+) -> Path:
     """Write a PNG of ``tensor`` to ``path`` (atomically) and return ``path``.
 
     A spatial tensor (``[C, H, W]``, or ``[N, C, H, W]`` of which the first example is shown)
@@ -35,9 +37,12 @@ def plot_tensor(tensor: torch.Tensor, title: str, path: Path, gradient: bool = F
     with one labelled colour bar. Anything else (1-D, 2-D, or 1×1 maps) becomes a histogram of
     its values with mean and std.
 
+    ``tokens`` label both axes of square maps as long as the prompt: an attention pattern
+    ``[batch, heads, query, key]`` becomes one map per head, queries down and keys across.
+
     Example: ``plot_tensor(torch.randn(2, 8, 7, 7), "capture · block3 · output", Path("block3.png"))``.
     """
-    fig = figure_of(tensor, title, gradient)
+    fig = figure_of(tensor, title, gradient, tokens)
     try:
         write_figure(path, fig, dpi=DPI)
     finally:
@@ -45,7 +50,7 @@ def plot_tensor(tensor: torch.Tensor, title: str, path: Path, gradient: bool = F
     return path
 
 
-def figure_of(tensor: torch.Tensor, title: str, gradient: bool = False) -> Any:
+def figure_of(tensor: torch.Tensor, title: str, gradient: bool = False, tokens: list[str] | None = None) -> Any:
     """The matplotlib ``Figure`` that :func:`plot_tensor` saves."""
     from matplotlib.figure import Figure
 
@@ -55,14 +60,17 @@ def figure_of(tensor: torch.Tensor, title: str, gradient: bool = False) -> Any:
         t = t[0]
     spatial = t.dim() == 3 and t.shape[-1] * t.shape[-2] > 1 and t.numel() > 0
     fig = Figure()
+    square = spatial and tokens is not None and t.shape[-1] == t.shape[-2] == len(tokens) <= MAX_SIDE
     if spatial:
-        _feature_maps(fig, t, tensor.shape, title, gradient)
+        _feature_maps(fig, t, tensor.shape, title, gradient, tokens if square else None)
     else:
         _histogram(fig, t, tensor.shape, title)
     return fig
 
 
-def _feature_maps(fig: Any, t: torch.Tensor, shape: torch.Size, title: str, gradient: bool) -> None:
+def _feature_maps(
+    fig: Any, t: torch.Tensor, shape: torch.Size, title: str, gradient: bool, tokens: list[str] | None = None
+) -> None:
     channels = min(t.shape[0], MAX_CHANNELS)
     maps = t[:channels]
     if max(maps.shape[-2:]) > MAX_SIDE:  # a figure cell is ~180 px wide: average big maps down first
@@ -77,15 +85,21 @@ def _feature_maps(fig: Any, t: torch.Tensor, shape: torch.Size, title: str, grad
     fig.suptitle(f"{title}\n{list(shape)} · {shown}", fontsize=10, y=1 - 0.1 / height, va="top")
     # a fixed layout: matplotlib's constrained layout costs more than the drawing for 16 small axes
     right = 1 - (1.0 if gradient else 0.2) / width  # a gradient's one colour bar goes in the margin on the right
-    fig.subplots_adjust(left=0.2 / width, right=right, bottom=0.1 / height, top=1 - 0.7 / height)
-    fig.subplots_adjust(wspace=0.1 if gradient else 0.45, hspace=0.25)  # room for activations' colour bars
+    margin = 0.5 if tokens else 0.1  # room for token labels left of and below the maps
+    fig.subplots_adjust(left=(0.1 + margin) / width, right=right, bottom=margin / height, top=1 - 0.7 / height)
+    fig.subplots_adjust(
+        wspace=0.1 if gradient else 0.45 + margin, hspace=0.25 + margin
+    )  # room for activations' colour bars
     # A gradient's sign is the point: zero white, both signs on one scale so channels can be compared.
     finite_all = maps[torch.isfinite(maps)]
     bound = max(finite_all.abs().max().item(), 1e-12) if gradient and finite_all.numel() else 1.0
     image = None
     for c, ax in enumerate(fig.subplots(rows, cols, squeeze=False).flat):
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set_xticks(range(len(tokens)) if tokens and c < channels else [])
+        ax.set_yticks(range(len(tokens)) if tokens and c < channels else [])
+        if tokens and c < channels:  # a pattern: keys across, queries down, each labelled by its token
+            ax.set_xticklabels(tokens, fontsize=4, rotation=90)
+            ax.set_yticklabels(tokens, fontsize=4)
         if c >= channels:
             ax.set_axis_off()
             continue
@@ -96,7 +110,7 @@ def _feature_maps(fig: Any, t: torch.Tensor, shape: torch.Size, title: str, grad
             fig.colorbar(own, ax=ax, fraction=0.046, pad=0.03).ax.tick_params(labelsize=5)
         finite = t[c][torch.isfinite(t[c])]  # the range of the values themselves, not of the drawing
         scale_text = f" [{finite.min().item():.2g}, {finite.max().item():.2g}]" if finite.numel() else ""
-        ax.set_title(f"c{c}{scale_text}", fontsize=7, pad=2)
+        ax.set_title(f"{'head ' if tokens else 'c'}{c}{scale_text}", fontsize=7, pad=2)
     if image is not None:
         bar = fig.colorbar(image, cax=fig.add_axes((1 - 0.8 / width, 0.15, 0.15 / width, 0.6)))
         bar.set_label("gradient (one scale for all channels; 0 is white)", fontsize=7)
@@ -154,8 +168,12 @@ def safe_file_name(*parts: str) -> str:
     return name
 
 
-def plot_records(captures: dict[str, dict[str, Record]], actions: set[str], out_dir: Path) -> list[Path]:
+def plot_records(
+    captures: dict[str, dict[str, Record]], actions: set[str], out_dir: Path, tokens: list[str] | None = None
+) -> list[Path]:
     """Plot the last call's tensors of every record of the ``plot: true`` actions into ``out_dir/plots``.
+
+    ``tokens`` (the first prompt's) label the axes of attention patterns (``@attn_pattern``).
 
     One PNG per tensor: ``input.0``, ``output``, ``grad_input.0``, ``grad_output.0``, ``grad``
     (the first tensor of a tuple or dict), titled ``ACTION · MODULE · WHAT``.
@@ -180,7 +198,7 @@ def plot_records(captures: dict[str, dict[str, Record]], actions: set[str], out_
                 used.add(name)
                 title = f"{action} · {module} · {what}"
                 gradient = what.startswith("grad")
-                paths.append(plot_tensor(tensor, title, out_dir / "plots" / f"{name}.png", gradient))
+                paths.append(plot_tensor(tensor, title, out_dir / "plots" / f"{name}.png", gradient, tokens))
     return paths
 
 
