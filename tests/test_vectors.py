@@ -289,3 +289,27 @@ def test_the_shipped_steer_experiment_makes_the_induction_model_say_w25(tmp_path
     assert [r["surgered"].split()[0] for r in rows] == ["w25", "w25", "w25"]
     assert report["vectors"][0]["examples"] == {"plus": 4, "minus": 4}
     assert set(load_file(str(tmp_path / "vectors.safetensors"))) == {"w25"}
+
+
+def test_a_data_side_reads_its_texts_and_gives_the_vector_of_the_same_prompts(
+    gpt2: Any, tok: Any, tmp_path: Path
+) -> None:
+    from surgery.vectors.contrast import compute_vectors
+
+    (tmp_path / "plus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in PLUS))
+    (tmp_path / "minus.txt").write_text("\n".join(MINUS) + "\n")
+    (tmp_path / "folder").mkdir()
+    for i, text in enumerate(MINUS):
+        (tmp_path / "folder" / f"{i}.txt").write_text(text)
+    want = vectors.contrast(gpt2, tok, site="@resid_post.1", plus=PLUS, minus=MINUS, pos=-1)
+    for minus in (str(tmp_path / "minus.txt"), str(tmp_path / "folder")):
+        block = {
+            "v": {"site": "@resid_post.1", "plus": {"data": str(tmp_path / "plus.jsonl")}, "minus": {"data": minus}}
+        }
+        assert torch.equal(compute_vectors(gpt2, block, tok)["v"].tensor, want)
+    limited = {"v": {"site": "@resid_post.1", "plus": {"data": str(tmp_path / "plus.jsonl"), "limit": 1}}}
+    assert torch.equal(compute_vectors(gpt2, limited, tok)["v"].tensor,
+                       vectors.contrast(gpt2, tok, site="@resid_post.1", plus=PLUS[:1], pos=-1))  # fmt: skip
+    (tmp_path / "bad.jsonl").write_text('{"other": "x"}\n')
+    with pytest.raises(ConfigError, match=r"^vectors.v.plus.column: .* line 1 has no text 'text'"):
+        compute_vectors(gpt2, {"v": {"site": "@resid_post.1", "plus": {"data": str(tmp_path / "bad.jsonl")}}}, tok)

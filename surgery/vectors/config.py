@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from surgery.errors import ConfigError, did_you_mean
 
 VECTOR_KEYS = ("site", "plus", "minus", "pos")
-SIDE_KEYS = ("prompts", "file", "key")
+SIDE_KEYS = ("prompts", "file", "key", "data", "column", "limit")
+DATA_LIMIT = 256  # texts a data side reads by default (they run as one batch)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ def _side(node: Any, where: str) -> Side:
         raise ConfigError(f"{where}: {{prompts: [...]}} or {{file: PATH, key: KEY}}; got {node!r}")
     _known(node, SIDE_KEYS, where)
     prompts, file, key = node.get("prompts"), node.get("file"), node.get("key")
+    if node.get("data") is not None:
+        if prompts is not None or file is not None:
+            raise ConfigError(f"{where}.data: give prompts, file or data, one of them")
+        return Side(prompts=_data_texts(node, f"{where}"))
     if (prompts is None) == (file is None):
         raise ConfigError(f"{where}: give prompts or file (with key), one of them")
     if file is not None:
@@ -96,6 +101,49 @@ def _side(node: Any, where: str) -> Side:
         if not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}.prompts[{i}]: an empty prompt; give some text")
     return Side(prompts=tuple(prompts))
+
+
+def _data_texts(node: Mapping, where: str) -> tuple[str, ...]:
+    """A data side's texts: a ``.jsonl`` file's ``column`` (default ``text``), a ``.txt`` file's lines, or a folder's
+    ``.txt`` files (one text each), at most ``limit``; read through the gate (streamed, UTF-8, no links out)."""
+    import json
+    from pathlib import Path
+
+    from surgery.files import gate
+
+    column, limit = node.get("column", "text"), node.get("limit", DATA_LIMIT)
+    if not isinstance(column, str):
+        raise ConfigError(f"{where}.column: the name of a .jsonl file's text field; got {column!r}")
+    limit = gate.whole(limit, f"{where}.limit", 1, 100_000)
+    path = gate.config_path(str(node["data"]), f"{where}.data")
+    texts: list[str] = []
+    if path.is_dir():
+        for file in gate.walk(path, f"{where}.data", ".txt")[:limit]:
+            texts.append(gate.read_text(file, f"{where}.data", gate.LINE_MAX, "one text of a data side").strip())
+    elif path.suffix == ".jsonl":
+        for number, line in enumerate(gate.text_lines(path, f"{where}.data"), 1):
+            if len(texts) >= limit:
+                break
+            if line.strip():
+                try:
+                    value = json.loads(line).get(column)
+                except (ValueError, AttributeError):
+                    raise ConfigError(f"{where}.data: {str(path)!r} line {number} is not a JSON object") from None
+                if not isinstance(value, str):
+                    raise ConfigError(f"{where}.column: {str(path)!r} line {number} has no text {column!r}")
+                texts.append(value)
+    elif path.suffix == ".txt":
+        for line in gate.text_lines(path, f"{where}.data"):
+            if len(texts) >= limit:
+                break
+            texts.append(line.rstrip("\n"))
+    else:
+        raise ConfigError(f"{where}.data: a .jsonl file, a .txt file (a text a line) or a folder of .txt; got"
+                          f" {str(Path(path))!r}")  # fmt: skip
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise ConfigError(f"{where}.data: {str(path)!r} holds no text")
+    return tuple(texts)
 
 
 def _known(node: Mapping, keys: tuple[str, ...], where: str) -> None:
