@@ -9,10 +9,8 @@ a link, its safetensors header checked before anything is mapped.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import torch
 
 from surgery.errors import ConfigError
 from surgery.files.gate import METADATA_MAX, open_regular, remove_file
+from surgery.files.tensors import read_tensors, safetensors_header
 
 # tempfile.mkstemp(prefix=".NAME.", suffix=".tmp"): eight characters of [a-z0-9_] between them
 TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
@@ -77,16 +76,7 @@ def is_resume_file(path: str | Path, key: str) -> bool:
 
 def safetensors_metadata(path: str | Path, key: str) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file (string to string), its header size checked before reading."""
-    with open_regular(path, key) as file:
-        size = os.fstat(file.fileno()).st_size
-        head = file.read(8)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 0 < length <= min(METADATA_MAX, size - 8):
-            raise ConfigError(f"{key}: {str(path)!r} is not a whole safetensors file (its header length is not valid)")
-        try:
-            header = json.loads(file.read(length))
-        except ValueError as e:
-            raise ConfigError(f"{key}: cannot read {str(path)!r}'s safetensors header ({e})") from None
+    header = safetensors_header(path, key, METADATA_MAX)[0]
     metadata = header.get("__metadata__", {}) if isinstance(header, dict) else None
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise ConfigError(f"{key}: {str(path)!r} has a safetensors header without string metadata; refused")
@@ -95,7 +85,6 @@ def safetensors_metadata(path: str | Path, key: str) -> dict[str, str]:
 
 def resume_tensors(path: str | Path, key: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """A resume file's tensors and metadata (a truncated or hostile file refused in one line)."""
-    from surgery.files.tensors import read_tensors
 
     metadata = safetensors_metadata(path, key)
     return read_tensors(Path(path), key), metadata

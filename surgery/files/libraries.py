@@ -7,8 +7,6 @@ a header that fits the file), then hands the checked path over and turns the lib
 from __future__ import annotations
 
 import contextlib
-import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -16,8 +14,7 @@ from typing import IO, Any
 from surgery.errors import ConfigError
 from surgery.files.gate import open_regular
 from surgery.files.paths import read_failure
-
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own cap on its JSON header
+from surgery.files.tensors import safetensors_header
 
 
 @contextlib.contextmanager
@@ -25,12 +22,7 @@ def safetensors_reader(path: str | Path, key: str) -> Iterator[Any]:
     """A ``.safetensors`` file opened lazily (``safe_open``) once it is a regular file whose header fits it."""
     from safetensors import safe_open
 
-    with open_regular(path, key) as file:
-        size = os.fstat(file.fileno()).st_size
-        head = file.read(8)
-    length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-    if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
-        raise ConfigError(f"{key}: cannot read {str(path)!r} as .safetensors (its header length is not valid)")
+    safetensors_header(path, key)  # a regular file whose header fits it, parsed before safetensors maps it
     try:
         handle = safe_open(str(path), framework="pt")
     except Exception as e:  # noqa: BLE001 - a corrupt or foreign file: one line

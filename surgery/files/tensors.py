@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import warnings
 import zipfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -47,23 +48,32 @@ def _declared(path: Path, key: str, nbytes: float, what: str = "tensors") -> Non
     check_memory(nbytes, key, f"the {what} {str(path)!r} declares, {_size(path.stat().st_size)} on disk")
 
 
-def safetensors_bytes(path: Path, key: str) -> int:
-    """The bytes of every tensor a .safetensors header declares, checked against the file's size."""
-    size = path.stat().st_size
+def safetensors_header(path: str | Path, key: str, cap: int = MAX_HEADER_BYTES) -> tuple[Any, int, int]:
+    """A .safetensors file's parsed JSON header, its length and the file's size; the declared length is checked
+    against the file and ``cap`` before anything is parsed (a header claiming 2**62 bytes is one line)."""
     with gate.open_regular(path, key) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+        if not 0 < length <= min(cap, size - 8):
             raise ConfigError(f"{key}: cannot read {str(path)!r} as .safetensors (its header length is not valid)")
         try:
-            header = json.loads(f.read(length))
-            total = sum(
-                math.prod(int(d) for d in entry["shape"]) * SAFETENSORS_DTYPE_BYTES[entry["dtype"]]
-                for name, entry in header.items()
-                if name != "__metadata__"
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return json.loads(f.read(length)), length, size
+        except ValueError as e:
             raise ConfigError(f"{key}: cannot read {str(path)!r} as .safetensors (header: {read_failure(e)})") from None
+
+
+def safetensors_bytes(path: Path, key: str) -> int:
+    """The bytes of every tensor a .safetensors header declares, checked against the file's size."""
+    header, length, size = safetensors_header(path, key)
+    try:  # the entries of a header from others: any may be missing or of the wrong type
+        total = sum(
+            math.prod(int(d) for d in entry["shape"]) * SAFETENSORS_DTYPE_BYTES[entry["dtype"]]
+            for name, entry in header.items()
+            if name != "__metadata__"
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{key}: cannot read {str(path)!r} as .safetensors (header: {read_failure(e)})") from None
     if total > size - 8 - length:
         raise ConfigError(
             f"{key}: {str(path)!r} declares {_size(total)} of tensors in a file of {_size(size)}; it is truncated"
