@@ -84,7 +84,7 @@ CASES: list[Case] = [
         {"kind": "log", "select": "block1.*", "excludes": "block1.act"}),
     act("key_other_kinds", "method", ("unknown key", "Keys here:"),
         {"kind": "freeze", "select": "block1.conv", "method": "ones"}),
-    run("run_setting_typo", "verbos", ("unknown key", "Did you mean 'verbose'?"), *CNN, "+verbos=true"),
+    run("run_setting_typo", "verbos", ("unknown key", "Did you mean 'verbose'"), *CNN, "+verbos=true"),
     # ------------------------------------------------------------ wrong type
     act("type_value_str", "value", ("'big'", "could not be converted to Float"),
         {"kind": "init", "select": "classifier.1", "param": "weight", "method": "constant", "value": "big"}),
