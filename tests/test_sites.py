@@ -730,3 +730,19 @@ def test_a_lens_on_modules_selected_by_name_is_the_same_lens(zoo: dict[str, Path
         assert torch.equal(s.captures["l"]["model.layers.1"].output, out)
     with pytest.raises(ConfigError, match=r"^actions\.l\.lens: needs this model's final norm and unembedding"):
         surgery.plan(nn.Sequential(nn.Linear(2, 2)), {"l": {"kind": "capture", "lens": "logit"}})
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_the_shipped_patching_study_runs_unchanged_over_every_block_of_every_decoder_family(
+    zoo: dict[str, Path], name: str
+) -> None:
+    """conf/study/patch_layer_pos.yaml as shipped (layer: all, pos: all), through surgery.study (issue 39)."""
+    from omegaconf import OmegaConf
+
+    from surgery.core.paths import config_dir
+
+    shipped = OmegaConf.to_container(OmegaConf.load(config_dir() / "study" / "patch_layer_pos.yaml"))
+    model = loaded(zoo, name)
+    result = surgery.study(model, shipped["actions"], shipped["study"]["grid"], CORRUPT, STUDY_METRICS, source=CLEAN)
+    assert result.grid == {"layer": list(range(len(by_hand_names(name, "blocks")))), "pos": list(range(5))}
+    assert result.values["logit_diff"].isfinite().all()
