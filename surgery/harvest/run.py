@@ -46,6 +46,7 @@ from surgery.harvest.shards import (
     stored_ids,
     token_file,
 )
+from surgery.harvest.sites import site_labels
 from surgery.harvest.stream import chained, in_shards, prefetched
 from surgery.safe.costs import check_harvest_disk, harvest_bytes
 
@@ -167,27 +168,6 @@ def plan_sites(run: HarvestRun, example: torch.Tensor, kwargs: dict[str, Any]) -
     if TOKENS in names:
         raise ConfigError(f"harvest.sites: a module named {TOKENS!r} would share the folder of the token ids")
     return plan, names
-
-
-def site_labels(model: nn.Module, selector: str, modules: list[str]) -> dict[str, str]:
-    """Each module's stored name: its site name for an ``@`` selector (``resid_pre.1``, ``decoder.mlp.0``,
-    ``embed``), else the module's own name."""
-    if not selector.startswith("@"):
-        return {m: m for m in modules}
-    from surgery.arch.sites import MODEL_SITES, site_map
-
-    parts = selector[1:].split(".")
-    role = parts.pop(0) if parts[0] in ("encoder", "decoder") else ""
-    prefix, site = f"{role}." if role else "", parts[0]
-    if site in MODEL_SITES:
-        return {m: f"{prefix}{site}" if len(modules) == 1 else m for m in modules}
-    sites = site_map(model)
-    found = {}
-    for stack, per in zip(sites.stacks, sites.per_block.get(site, []), strict=False):
-        if not role or stack.role == role:
-            found.update({name: f"{prefix}{site}.{i}" for i, name in enumerate(per)})
-    labels = {m: found.get(m, m) for m in modules}
-    return labels if len(set(labels.values())) == len(labels) else {m: m for m in modules}
 
 
 def rows_per_shard(row_bytes: int, shard_mb: float, batch_size: int) -> int:
