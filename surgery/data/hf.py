@@ -20,10 +20,10 @@ from torch.utils.data import Dataset
 
 from surgery.core.limits import check_memory
 from surgery.errors import ConfigError
-from surgery.files.gate import read_bytes, read_json_object
+from surgery.files.gate import read_bytes
 from surgery.files.images import decode_image, open_image_bytes
 from surgery.files.libraries import load_datasets_dir
-from surgery.files.paths import inside, must_be_file
+from surgery.files.paths import inside, must_be_file, read_json_object
 
 
 def check_directory(path: Path, split: bool = False) -> None:

@@ -9,11 +9,13 @@ and refused unless it lies inside the directory; a URL is refused always (surger
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
-from surgery.core.limits import active
+from surgery.core.limits import active, check_memory
 from surgery.errors import ConfigError
 
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # http://, https://, s3://, hf://, file:// ...
@@ -54,6 +56,22 @@ def must_be_file(path: Path, key: str) -> None:
         raise ConfigError(f"{key}: {str(path)!r} is not a regular file (a pipe, socket or device is never read)")
     if not path.is_file():
         raise ConfigError(f"{key}: file {str(path)!r} does not exist")
+
+
+JSON_GROWTH = 32  # Python objects parsed from JSON take up to this many times the text's bytes
+
+
+def read_json_object(path: Path, key: str) -> dict[str, Any]:
+    """A regular file holding one JSON object (a config another tool wrote), its parse bounded by limits.memory_gb."""
+    must_be_file(path, key)
+    check_memory(JSON_GROWTH * path.stat().st_size, key, f"parsing {str(path)!r}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}: cannot read {str(path)!r} as JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key}: {str(path)!r} holds a {type(data).__name__}, not a JSON object")
+    return data
 
 
 def read_failure(error: Exception) -> str:
