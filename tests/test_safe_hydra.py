@@ -256,9 +256,6 @@ def test_every_shipped_config_file_passes_safe_modes_hydra_and_resolver_checks(g
     context = {"actions": ["+model=gpt2_tiny"], "input": ["+model=mlp"]}.get(group, [])
     for option in group_options(group):
         refused = refusal([*context, f"+{group}={option}"], multirun=True)
-        if group == "model" and option == "hf":  # its loader is off safe mode's allowlist (docs/sharing.md)
-            assert refused is not None and refused.startswith("model._target_: 'surgery.lm.load.load_pretrained'")
-            continue
         assert refused is None, option
 
 

@@ -27,7 +27,8 @@ SAFE_CALLBACKS = ("hydra.experimental.callbacks.LogJobReturnCallback",)
 
 ALLOWED = (
     "torch.nn module classes (torch.nn.Linear, torch.nn.GELU, ...), torch.nn.init functions, the tensor functions"
-    " of expressions and torch.nn.functional (torch.relu, torch.nn.functional.gelu, ...) and surgery.models"
+    " of expressions and torch.nn.functional (torch.relu, torch.nn.functional.gelu, ...), surgery.models and"
+    " surgery.lm.load.load_pretrained (+model=hf)"
 )
 
 
@@ -72,12 +73,24 @@ def _own(obj: Any) -> bool:
     return not qualname.startswith("_") and getattr(module, qualname, None) is obj
 
 
+# Loaders of data directories that run nothing from the directory (files/pretrained.py: no remote code, config.json
+# and the model's size checked first, weights as safetensors or weights-only pickles), named for safe mode's allowlist.
+SAFE_LOADERS = ("surgery.lm.load.load_pretrained",)
+
 OWN_TRANSFORMS: set[type] = set()  # classes whose instances surgery itself builds for a config (surgery.arch's lens)
 
 
 def allowed_object(obj: Any) -> bool:
     """Whether a resolved callable is on the safe-mode allowlist (by identity, never by name)."""
-    return id(obj) in _allowed_objects() or _own(obj) or type(obj) in OWN_TRANSFORMS
+    return id(obj) in _allowed_objects() or _own(obj) or type(obj) in OWN_TRANSFORMS or id(obj) in _safe_loaders()
+
+
+@cache
+def _safe_loaders() -> frozenset[int]:
+    """ids of :data:`SAFE_LOADERS` (imported only when a target is checked: transformers loads lazily)."""
+    from hydra._internal.utils import _locate
+
+    return frozenset(id(_locate(name)) for name in SAFE_LOADERS)
 
 
 def _resolve(target: Any) -> Any:

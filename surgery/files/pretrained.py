@@ -92,6 +92,11 @@ def quiet_library() -> Iterator[None]:
 
 
 def from_pretrained(loader: Any, directory: Path, **options: Any) -> Any:
-    """``loader.from_pretrained(directory, local_files_only=True, **options)`` on a directory already checked."""
+    """``loader.from_pretrained(directory, local_files_only=True, **options)`` on a directory already checked.
+
+    Never with code from the directory (``trust_remote_code=False``: an ``auto_map`` naming a ``.py`` file is
+    refused by the library) and never a pickle beyond ``torch.load(weights_only=True)`` (transformers' default,
+    pinned here).
+    """
     with quiet_library():
-        return loader.from_pretrained(str(directory), local_files_only=True, **options)
+        return loader.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False, **options)
