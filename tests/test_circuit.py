@@ -110,8 +110,11 @@ def _hand_grads(model: Any, p: dict[str, Any], ids: torch.Tensor, point: torch.T
 
     hooks = [_norm(p, name).register_forward_pre_hook(lambda m, a, name=name: clone(name, a)) for name in names]
     if point is not None:
-        hooks.append(p["blocks"][0].register_forward_pre_hook(
-            lambda m, a, k: ((point, *a[1:]), k) if a else (a, {**k, "hidden_states": point}), with_kwargs=True))  # fmt: skip
+
+        def start(m: Any, a: tuple, k: dict) -> Any:
+            return ((point, *a[1:]), k) if a else (a, {**k, "hidden_states": point})
+
+        hooks.append(p["blocks"][0].register_forward_pre_hook(start, with_kwargs=True))
     try:
         total = _metric(model(ids).logits).sum()
     finally:
@@ -127,8 +130,8 @@ def hand_eap(model: Any, family: str, main: torch.Tensor, src: torch.Tensor, hea
     if steps is None:
         grads = _hand_grads(model, p, main, None)
     else:
-        runs = [_hand_grads(model, p, main, (a["embed"] + (k + 0.5) / steps * (b["embed"] - a["embed"])).requires_grad_())
-                for k in range(steps)]  # fmt: skip
+        points = [(a["embed"] + (k + 0.5) / steps * (b["embed"] - a["embed"])).requires_grad_() for k in range(steps)]
+        runs = [_hand_grads(model, p, main, point) for point in points]
         grads = {name: sum(r[name] for r in runs) / steps for name in runs[0]}
     return {(s, r): ((b[s] - a[s]) * grads[r]).sum(dim=(1, 2)).double() for s, r in _edges(p, heads)}
 
@@ -289,7 +292,8 @@ def test_options_refused_in_one_line(models: dict[str, Any]) -> None:
     model, ids, src = models["gpt2"], models["ids"], models["src"]
     cases = [({"method": "acdc"}, "study.method"), ({"method": "eap_ig"}, "study.steps"),
              ({"steps": 3}, "study.steps"), ({"top_edges": [10_000]}, "study.top_edges"),
-             ({"method": "edges", "verify_top": 3}, "study.verify_top"), ({"nodes": "neurons"}, "study.nodes")]  # fmt: skip
+             ({"method": "edges", "verify_top": 3}, "study.verify_top"),
+             ({"nodes": "neurons"}, "study.nodes")]  # fmt: skip
     for options, key in cases:
         with pytest.raises(ConfigError, match=key):
             surgery.circuit(model, ids, src, METRIC, **options)
