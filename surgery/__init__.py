@@ -15,7 +15,8 @@ from torch import nn
 
 import surgery.actions  # noqa: F401 - registers every action kind into surgery.core.steps.KINDS
 import surgery.activations as activations  # surgery.activations.open(DIR): a harvested activation dataset
-import surgery.arch  # noqa: F401 - resolves "@" sites (surgery.core.compiler.SELECTOR_REWRITES)
+import surgery.arch  # noqa: F401
+import surgery.circuit as _circuit_package  # noqa: F401 - loaded first, so the function circuit() below keeps the name - resolves "@" sites (surgery.core.compiler.SELECTOR_REWRITES)
 import surgery.splice  # noqa: F401 - registers kind: splice (surgery/splice/)
 import surgery.study as _study_package  # noqa: F401 - loaded first, so the function study() below keeps the name
 from surgery.core.compiler import Plan, compile_plan
@@ -94,6 +95,33 @@ def study(
                      tokenizer=tokenizer, **options)  # fmt: skip
 
 
+def circuit(
+    model: nn.Module,
+    inputs: Any,
+    source: Any,
+    metrics: Any,
+    method: str = "eap",
+    nodes: str = "blocks",
+    steps: int | None = None,
+    top_edges: Any = None,
+    tokenizer: Any = None,
+    **options: Any,
+) -> Any:
+    """Every edge between ``model``'s components scored per example; returns a ``CircuitResult``.
+
+    >>> r = surgery.circuit(model, corrupted_ids, clean_ids, [{"logit_diff": {"correct": " w25", "wrong": " w60"}}],
+    ...                     method="eap", nodes="heads", top_edges=[10, 50])
+    >>> r.ranked(5)                 # [{"sender": "head.0.1", "receiver": "attn.1", "score": ...}, ...]
+
+    ``method``: edges (exact edge patching), eap, eap_ig (``steps`` points). ``options``: ``labels``,
+    ``batch_size``, ``batch_edges``, ``verify_top``. See docs/circuits.md.
+    """
+    from surgery.circuit.run import run_circuit
+
+    return run_circuit(model, inputs, source, metrics, method=method, nodes=nodes, steps=steps, top_edges=top_edges,
+                       tokenizer=tokenizer, **options)  # fmt: skip
+
+
 def apply(model: nn.Module, plan_or_actions: Any, **plan_options: Any) -> Surgery:
     """Apply a plan (or compile ``actions`` first) all-or-nothing; returns a removable Surgery."""
     return apply_plan(model, plan_or_actions, **plan_options)
@@ -108,6 +136,7 @@ __all__ = [
     "SurgeryError",
     "activations",
     "apply",
+    "circuit",
     "evaluate",
     "plan",
     "study",

@@ -132,6 +132,13 @@ def _stopped_at_once(out_dir: Path, stop: Interrupted, interrupts: Interrupts, r
 def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Reached) -> dict[str, Any]:
     if cfg.get("study") is not None:  # a grid of interventions: its own job (surgery/app/study_job.py)
         from surgery.app.study_job import run_study_job
+        from surgery.circuit.config import METHODS
+
+        if isinstance(cfg.study, DictConfig) and cfg.study.get("method") in METHODS:  # edges between components
+            from surgery.app.circuit_job import run_circuit_job
+
+            reached.mode = "circuit"
+            return run_circuit_job(cfg, out_dir)
 
         reached.mode = "study"
         return run_study_job(cfg, out_dir)

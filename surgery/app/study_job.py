@@ -58,7 +58,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
         named = parse_metrics(study.metrics, data.tokenizer)
         refuse_causal_metrics(model, named, "study.metrics", STUDY_CAUSAL_ONLY, STUDY_INSTEAD)
-    inputs, labels = _gathered(data)
+    inputs, labels = gathered_inputs(data)
     loaded = time.perf_counter() - clock  # building the model, its inputs and the source
     report: dict[str, Any] = {"mode": "study" if settings.mode == "run" else "plan", "seed": settings.seed}
     report["fingerprints"] = {"config": fingerprint(OmegaConf.to_container(cfg, resolve=True)),
@@ -68,7 +68,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if settings.mode == "plan":
         with named_as_vectors(given):
             return _plan_only(model, actions, study, inputs, data, settings, out_dir, report)
-    src = None if source is None else _gathered(source)[0]
+    src = None if source is None else gathered_inputs(source)[0]
     progress = _progress(out_dir, report["fingerprints"], model, actions, study, inputs, data)
     with named_as_vectors(given):
         result = run_study(
@@ -169,7 +169,7 @@ def _plan_only(
     return report
 
 
-def _gathered(data: Batches) -> tuple[Any, torch.Tensor | None]:
+def gathered_inputs(data: Batches) -> tuple[Any, torch.Tensor | None]:
     """Every batch's inputs joined along the examples (a dict for keyword inputs), and the labels (non-text)."""
     batches = list(data)
     if not batches:

@@ -90,6 +90,35 @@ def check_study(
     check_memory(2 * values, "study.grid", f"per-example values of {cells:,} cells × {examples:,} examples")
 
 
+def check_circuit(
+    edges: int,
+    examples: int,
+    *,
+    exact: bool,
+    steps: int | None = None,
+    runs: int = 0,
+    verified: int = 0,
+    metrics: int = 1,
+    stacked: int = 0,
+    itemsize: int = 4,
+) -> None:
+    """A circuit study's work before it starts (SPEC §21): patched rows (``exact`` edge patching: edges ×
+    examples; ``runs`` pruned circuits and ``verified`` edges run exactly), integrated-gradient passes, the
+    per-example values and the ``stacked`` values of every sender and receiver (``itemsize`` bytes each)."""
+    patched = (edges if exact else 0) + verified
+    what = f"forward rows ({patched:,} edges run exactly × {examples:,} examples)"
+    check_work(patched * examples, "study.method", what)
+    if runs:
+        check_count(runs, "study.top_edges", "pruned circuits")
+        check_work(runs * examples, "study.top_edges", f"forward rows ({runs:,} circuits × {examples:,} examples)")
+    if steps is not None:
+        check_count(steps, "study.steps", "integrated-gradient passes (one forward and backward each)")
+    values = 8.0 * edges * examples * metrics
+    check_memory(2 * values, "study.method", f"per-example values of {edges:,} edges × {examples:,} examples")
+    check_memory(float(stacked) * itemsize, "study.batch_size",
+                 f"every sender's and receiver's activations ({stacked:,} values) for a batch")  # fmt: skip
+
+
 def check_forward_rows(rows: int, per_row: int, itemsize: int, key: str) -> None:
     """One forward of ``rows`` rows, each making about ``per_row`` values (positions × the model's widest
     dimension: an LM's logits), against ``limits.memory_gb``."""

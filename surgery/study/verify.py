@@ -37,7 +37,7 @@ def verified(run: Run, result: StudyResult, top: int, grid_cells: list[dict[str,
         "estimate": guessed.tolist(),
         "exact": exact.tolist(),
         "pearson": correlation(guessed, exact),
-        "spearman": correlation(_ranks(guessed), _ranks(exact)),
+        "spearman": spearman(guessed, exact),
     }
 
 
@@ -48,6 +48,11 @@ def correlation(a: torch.Tensor, b: torch.Tensor) -> float | None:
     a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
     scale = float(a.norm() * b.norm())
     return float((a * b).sum()) / scale if scale > 0 else None
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """Spearman's rho of two vectors: Pearson's r of their ranks (ties share their mean rank)."""
+    return correlation(_ranks(a), _ranks(b))
 
 
 def _ranks(values: torch.Tensor) -> torch.Tensor:
