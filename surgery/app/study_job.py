@@ -25,6 +25,7 @@ from surgery.core.schema import validate
 from surgery.errors import ConfigError
 from surgery.files.gate import remove_file
 from surgery.files.write import write_json, write_tensors, write_text
+from surgery.report import write_report_html
 from surgery.study.config import StudyConfig
 from surgery.study.grid import cells, check_uses, grid_cells
 from surgery.study.plots import undrawn
@@ -94,6 +95,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", study_markdown(report, result))
+    write_report_html(report, out_dir, actions=actions)
     remove_file(out_dir / PARTIAL)  # every cell is in study.safetensors now
     times = ", ".join(f"{part} {value:.2f} s" for part, value in seconds.items())
     say(f"study: {len(result.cells)} cells × {data.examples} examples ({times}); {headline(result)};"
@@ -166,6 +168,7 @@ def _plan_only(
     say(plans[0])
     report.update(complete=True, study={"grid": grid, "cells": len(plans), "first": plans[0].to_dict()})
     write_json(out_dir / "report.json", report)
+    write_report_html(report, out_dir, actions=actions)
     return report
 
 
