@@ -112,6 +112,25 @@ def test_the_page_draws_one_cell_per_grid_value_and_embeds_no_study_png(browser:
     opened.assert_clean()
 
 
+def test_an_attribution_study_shows_its_verify_scatter(browser: Any, tmp_path: Path) -> None:
+    prompts = lambda key, texts: f"{key}.prompts=[{','.join(texts)}]"  # noqa: E731
+    report = run_job(composed("+model=induction_lm", "+input=text", prompts("input", CORRUPT), "+source=text",
+                              prompts("source", CLEAN), "+study=patch_layer_pos", "study.metrics=[kl]", "study.ci=null",
+                              "+study.method=attribution", "+study.verify_top=4"), tmp_path)  # fmt: skip
+    verify = report["study"]["verify"]
+    opened = Opened(browser, tmp_path / "report.html")
+    dots = opened.page.locator("#verify circle.dot")
+    assert dots.count() == 4
+    tips = dots.all_text_contents()
+    for cell, exact, guess in zip(verify["cells"], verify["exact"], verify["estimate"]):
+        where = " ".join(f"{k}={v}" for k, v in cell.items())
+        assert f"{where}: exact {exact:.4g}, estimated {guess:.4g}" in tips
+    assert f"Pearson {verify['pearson']:.4g}" in opened.page.text_content("#verify svg text.title")
+    opened.page.hover('.heatmap rect[data-cell="0"]')
+    assert "CI" not in opened.page.text_content("#tip")  # ci: null, no interval to show
+    opened.assert_clean()
+
+
 def test_a_plain_run_page_has_the_plan_metrics_and_its_plots_inline(browser: Any, tmp_path: Path) -> None:
     capture = "+actions.c={kind: capture, select: '@attn_pattern.1', plot: true}"
     report = run_job(composed("+model=induction_lm", "+actions=scale_attention", capture), tmp_path)
@@ -237,3 +256,15 @@ def test_a_splice_page_lists_its_top_features_at_their_tokens(browser: Any, tmp_
     assert first.locator("td").nth(1).inner_text() == g4(peak[feature])
     assert first.locator("mark").first.inner_text() == tok.decode([int(ids[pos])])
     opened.assert_clean()
+
+
+def test_the_docs_example_writes_the_page_again_from_a_run_directory(study_dir: Path, tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "report.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    run = tmp_path / "run"
+    shutil.copytree(study_dir, run)
+    (run / "report.html").unlink()
+    exec(block.replace('"outputs/2026-11-28/12-00-00"', repr(str(run))), {})  # noqa: S102
+    data = r'id="report-data">.*?</script>'
+    again, first = ((d / "report.html").read_text() for d in (run, study_dir))
+    assert re.search(data, again).group(0) == re.search(data, first).group(0)

@@ -25,7 +25,7 @@ from surgery.core.schema import validate
 from surgery.errors import ConfigError
 from surgery.files.gate import remove_file
 from surgery.files.write import write_json, write_tensors, write_text
-from surgery.report import write_report_html
+from surgery.report import study_markdown, write_report_html
 from surgery.study.config import StudyConfig
 from surgery.study.grid import cells, check_uses, grid_cells
 from surgery.study.plots import undrawn
@@ -209,32 +209,6 @@ def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: di
         "verify": result.verify,
         "seconds": seconds,
     }
-
-
-def study_markdown(report: dict[str, Any], result: StudyResult) -> str:
-    """report.md of a study: the plots first, then the baselines and where the numbers are."""
-    section = report["study"]
-    sizes = " × ".join(f"{name} ({len(values)})" for name, values in result.grid.items())
-    lines = [f"# surgery study: {sizes}, {section['examples']} examples", ""]
-    lines += [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
-    lines += [f"- `{name}` {why}" for name, why in report.get("plot_notes", {}).items()]
-    lines += [""] if report.get("plot_notes") else []
-    lines += ["| metric | unmodified | source |", "|---|---|---|"]
-    base = section["baselines"]
-    for name in result.metrics:
-        source = f"{base['source'][name]:.6g}" if "source" in base else ""
-        lines.append(f"| {name} | {base['unmodified'][name]:.6g} | {source} |")
-    lines += ["", f"Every cell's mean and interval: `study.csv`; per-example values: `study.safetensors` "
-              f"(`values/METRIC`, shaped [{', '.join(result.grid)}, examples]).", ""]  # fmt: skip
-    scale = result.normalization
-    if scale is not None:
-        ends = {end: scale[end] if isinstance(scale[end], str) else f"the actions {', '.join(scale[end])} alone"
-                for end in ("zero", "one")}  # fmt: skip
-        over = " on the means over examples" if scale["over"] == "mean" else " per example"
-        lines.append(f"`{scale['metric']}` is normalized{over}: 0 = {ends['zero']}, 1 = {ends['one']}.")
-        if scale["zero_denominators"]:
-            lines.append(f"{scale['zero_denominators']} example(s) score the same in both and are left out (NaN).")
-    return "\n".join(lines) + "\n"
 
 
 def _plain(node: Any) -> Any:

@@ -6,5 +6,6 @@ directory's own files (through :mod:`surgery.files`) and what the run hands them
 
 from surgery.report.markdown import render_report_md, write_report_md
 from surgery.report.report_html import render_report_html, write_report_html
+from surgery.report.study_md import study_markdown
 
-__all__ = ["render_report_html", "render_report_md", "write_report_html", "write_report_md"]
+__all__ = ["render_report_html", "render_report_md", "study_markdown", "write_report_html", "write_report_md"]
