@@ -5,6 +5,7 @@ as study.safetensors holds them, clicking lists its examples, and hostile string
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -203,6 +204,28 @@ def test_a_thousand_cell_study_page_stays_small(browser: Any, tmp_path: Path) ->
     opened.assert_clean()
 
 
+@pytest.mark.parametrize("grid", [{"head": 3, "layer": 2, "pos": 4}, {"pos": 5}])
+def test_every_grid_shape_maps_each_cell_to_its_numbers(browser: Any, tmp_path: Path, grid: dict[str, int]) -> None:
+    values = torch.randn(*grid.values(), 3, generator=torch.Generator().manual_seed(1))
+    save_file({"values/m": values, "mean/m": values.mean(-1)}, str(tmp_path / "study.safetensors"))
+    study = {"grid": {k: list(range(n)) for k, n in grid.items()}, "cells": values[..., 0].numel(), "examples": 3,
+             "metrics": ["m"], "mean": {}, "ci": None, "tokens": [f"t{i}" for i in range(5)]}  # fmt: skip
+    write_report_html({"mode": "study", "study": study}, tmp_path)
+    opened = Opened(browser, tmp_path / "report.html")
+    menus = opened.page.locator(".heatmap select")
+    assert menus.count() == len(grid) - 2 if len(grid) > 2 else menus.count() == 0
+    if menus.count():
+        menus.first.select_option("2")  # head 2: the third panel
+    at = (2, 1, 3) if len(grid) == 3 else (4,)
+    index = int(torch.arange(values[..., 0].numel()).reshape(values.shape[:-1])[at])  # row-major, as study.csv
+    opened.page.hover(f'rect[data-cell="{index}"]')
+    tip = opened.page.text_content("#tip")
+    where = ", ".join(f"{k} = {i}" for k, i in zip(grid, at)) + f' "t{at[-1]}"'
+    assert where in tip and f"m mean {g4(values[at].mean())}" in tip and "CI" not in tip
+    assert opened.page.locator("rect[data-cell]").count() == math.prod(list(grid.values())[-2:])
+    opened.assert_clean()
+
+
 def test_a_generation_page_shows_both_continuations_side_by_side(browser: Any, tmp_path: Path) -> None:
     report = run_job(composed("+model=induction_lm", "mode=generate", "+actions=scale_attention",
                               "actions.scale_attention.value=0", "generate.max_new_tokens=5"), tmp_path)  # fmt: skip
@@ -219,19 +242,33 @@ def test_a_circuit_json_gives_the_graph_and_the_faithfulness_curve(browser: Any,
     edges = [{"sender": "embed", "receiver": "attn.0", "score": 2.0}, {"sender": "attn.0", "receiver": "logits",
              "score": -1.0}, {"sender": "mlp.0", "receiver": f"logits{HOSTILE}", "score": 0.5},
              {"sender": "head.1.2", "receiver": "mlp.1", "score": 0.25}]  # fmt: skip
-    circuit = {"nodes": ["embed", "attn.0", "mlp.0", "head.1.2", "mlp.1", "logits"], "edges": edges,
-               "faithfulness": [{"edges": 1, "faithfulness": 0.4}, {"edges": 3, "faithfulness": 0.9}]}  # fmt: skip
+    circuit = {  # the shape surgery/circuit writes (SPEC §21), made by hand
+        "nodes": {"senders": ["embed", "attn.0", "mlp.0", "head.1.2"], "receivers": ["attn.0", "mlp.1", "logits"]},
+        "edges": edges,
+        "faithfulness": [{"edges": 1, "mean": {"ld": 1.0}, "faithfulness": {"ld": 0.4}},
+                         {"edges": 3, "mean": {"ld": 2.0}, "faithfulness": {"ld": 0.9}}],
+        "verify": {"metric": "ld", "edges": ["embed->attn.0", "attn.0->logits"], "estimate": [1.5, -0.5],
+                   "exact": [2.0, -1.0], "pearson": 1.0, "spearman": 1.0},
+    }  # fmt: skip
     (tmp_path / "circuit.json").write_text(json.dumps(circuit))
-    write_report_html({"mode": "study"}, tmp_path)
+    write_report_html({"mode": "circuit"}, tmp_path)
     opened = Opened(browser, tmp_path / "report.html")
-    lines = opened.page.locator("#circuit svg.graph line.edge")
+    lines = opened.page.locator("#circuit svg.graph path.edge")
     assert lines.count() == 4 and opened.page.locator("#circuit svg.graph circle.node").count() == 7
     assert f"logits{HOSTILE}" in opened.page.locator("#circuit svg.graph text.label").all_text_contents()
     assert lines.nth(3).get_attribute("class") == "edge up" and "embed → attn.0: 2" in lines.nth(3).text_content()
     widths = [float(lines.nth(i).get_attribute("stroke-width")) for i in range(4)]
     assert widths == sorted(widths)  # the strongest drawn last, widest
-    assert opened.page.locator("#circuit polyline.curve").count() == 1
-    assert opened.page.locator("#circuit circle.dot").count() == 2
+    curve, scatter = opened.page.locator("#circuit svg.chart").all()
+    assert curve.locator("polyline.curve").count() == 1
+    assert curve.locator("circle.dot").all_text_contents() == [
+        "no edge: 0",
+        "top 1 edges: faithfulness 0.4",
+        "top 3 edges: faithfulness 0.9",
+        "every edge (4): 1",
+    ]
+    assert "faithfulness (ld)" in curve.text_content()
+    assert scatter.locator("circle.dot").all_text_contents()[0] == "embed->attn.0: exact 2, estimated 1.5"
     opened.assert_clean()
 
 

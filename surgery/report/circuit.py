@@ -16,6 +16,7 @@ from typing import Any
 
 from surgery.files.gate import member, read_json
 from surgery.report.page import escape, number, table
+from surgery.report.study import verify_html
 from surgery.report.svg import Point, xy_chart
 
 EDGES_SHOWN = 60  # the strongest edges drawn
@@ -43,12 +44,15 @@ def _place(name: str) -> tuple[float, int]:
         return 0.0, 0
     if kind == "logits":
         return math.inf, 0
-    column = 2 * int(layer or 0) + (1 if kind in ("attn", "head") else 2)
-    return float(column), int(head) if head is not None else 0
+    # block L: attn.L (a receiver, and the sender with blocks), its heads just after, then mlp.L
+    column = 3 * int(layer or 0) + {"attn": 1.0, "head": 2.0, "mlp": 3.0}[kind]
+    return column, int(head) if head is not None else 0
 
 
 def _names(circuit: Mapping[str, Any], edges: list[Mapping[str, Any]]) -> list[str]:
     nodes = circuit.get("nodes")
+    if isinstance(nodes, Mapping):  # {"senders": [...], "receivers": [...]}
+        nodes = [n for group in nodes.values() if isinstance(group, list) for n in group]
     named = [str(n.get("name")) if isinstance(n, Mapping) else str(n) for n in nodes] if isinstance(nodes, list) else []
     for edge in edges:
         named += [str(edge.get("sender")), str(edge.get("receiver"))]
@@ -56,7 +60,7 @@ def _names(circuit: Mapping[str, Any], edges: list[Mapping[str, Any]]) -> list[s
 
 
 def graph_svg(circuit: Mapping[str, Any]) -> str:
-    """The strongest ``EDGES_SHOWN`` edges between their nodes; width by |score|, red positive, blue negative."""
+    """The strongest ``EDGES_SHOWN`` edges as arcs between nodes; width by |score|, red positive, blue negative."""
     edges = [e for e in circuit.get("edges") or [] if isinstance(e, Mapping) and _score(e) is not None]
     top = sorted(edges, key=lambda e: -abs(_score(e) or 0.0))[:EDGES_SHOWN]
     used = set(_names({}, top))
@@ -67,17 +71,19 @@ def graph_svg(circuit: Mapping[str, Any]) -> str:
     columns = sorted({c for c, _ in places.values()})
     rows = max(r for _, r in places.values()) + 1
     x = {n: PAD + columns.index(c) * COLUMN for n, (c, _) in places.items()}
-    y = {n: PAD + (r + 0.5) * ROW for n, (_, r) in places.items()}
-    width, height = PAD * 2 + (len(columns) - 1) * COLUMN, PAD * 2 + ROW * rows
+    lift = 0.15 * (len(columns) - 1) * COLUMN  # room above the nodes for the arcs (a long edge arcs higher)
+    y = {n: PAD + lift + (r + 0.5) * ROW for n, (_, r) in places.items()}
+    width, height = PAD * 2 + (len(columns) - 1) * COLUMN, PAD * 2 + lift + ROW * rows
     strongest = max(abs(_score(e) or 0.0) for e in top) or 1.0
     lines = []
     for e in reversed(top):  # the strongest drawn last, on top
         s = _score(e) or 0.0
         a, b = str(e.get("sender")), str(e.get("receiver"))
         tip = f"{a} → {b}: {s:.4g}"
-        lines.append(f'<line class="edge {"up" if s >= 0 else "down"}" x1="{x[a]}" y1="{y[a]:.1f}" x2="{x[b]}"'
-                     f' y2="{y[b]:.1f}" stroke-width="{0.5 + 4.5 * abs(s) / strongest:.2f}"><title>{escape(tip)}'
-                     "</title></line>")  # fmt: skip
+        bend = (x[a] + x[b]) / 2, (y[a] + y[b]) / 2 - 0.3 * abs(x[b] - x[a])  # an arc over the nodes between
+        lines.append(f'<path class="edge {"up" if s >= 0 else "down"}" d="M{x[a]},{y[a]:.1f} Q{bend[0]:.1f},'
+                     f'{bend[1]:.1f} {x[b]},{y[b]:.1f}" stroke-width="{0.5 + 4.5 * abs(s) / strongest:.2f}">'
+                     f"<title>{escape(tip)}</title></path>")  # fmt: skip
     dots = [f'<circle class="node" cx="{x[n]}" cy="{y[n]:.1f}" r="6"><title>{escape(n)}</title></circle>'
             f'<text class="label" x="{x[n]}" y="{y[n] - 9:.1f}" text-anchor="middle">{escape(n)}</text>'
             for n in names]  # fmt: skip
@@ -90,18 +96,24 @@ def _score(edge: Mapping[str, Any]) -> float | None:
     return float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) else None
 
 
-def faithfulness_points(found: Any) -> list[Point]:
-    """(edges kept, faithfulness) from ``{"10": 0.8}``, ``[{"edges": 10, "faithfulness": 0.8}]`` or one per metric."""
-    if isinstance(found, Mapping) and found and all(isinstance(v, (Mapping, list)) for v in found.values()):
-        return faithfulness_points(next(iter(found.values())))  # per metric: the first
+def faithfulness_points(found: Any, total: int | None = None) -> tuple[str, list[Point]]:
+    """(metric, points of edges kept against faithfulness) from circuit.json's ``faithfulness``: a list of
+    ``{"edges": N, "faithfulness": {METRIC: value}}`` (the first metric drawn) or of ``{"edges": N,
+    "faithfulness": value}``, or ``{"N": value}``; with ``total`` edges, the ends (0 edges: 0, all: 1) too."""
     pairs: list[tuple[Any, Any]] = []
+    metric = ""
     if isinstance(found, Mapping):
         pairs = list(found.items())
     elif isinstance(found, list):
         for item in found:
-            if isinstance(item, Mapping):
-                count = next((item[k] for k in COUNT_KEYS if k in item), None)
-                pairs.append((count, next((item[k] for k in VALUE_KEYS if k in item), None)))
+            if not isinstance(item, Mapping):
+                continue
+            count = next((item[k] for k in COUNT_KEYS if k in item), None)
+            value = next((item[k] for k in VALUE_KEYS if k in item), None)
+            if isinstance(value, Mapping) and value:  # one per metric: the first
+                metric = metric or str(next(iter(value)))
+                value = value.get(metric)
+            pairs.append((count, value))
     points = []
     for count, value in pairs:
         try:
@@ -110,7 +122,9 @@ def faithfulness_points(found: Any) -> list[Point]:
             continue
         if math.isfinite(n) and math.isfinite(v):
             points.append(Point(n, v, f"top {n:g} edges: faithfulness {v:.4g}"))
-    return sorted(points, key=lambda p: p.x)
+    if points and total:
+        points += [Point(0.0, 0.0, "no edge: 0"), Point(float(total), 1.0, f"every edge ({total}): 1")]
+    return metric, sorted(points, key=lambda p: p.x)
 
 
 def circuit_html(circuit: Any) -> str:
@@ -120,12 +134,15 @@ def circuit_html(circuit: Any) -> str:
     edges = [e for e in circuit.get("edges") or [] if isinstance(e, Mapping)]
     parts = [f"<p>{len(edges)} edges; the {min(len(edges), EDGES_SHOWN)} strongest drawn (hover for scores).</p>",
              graph_svg(circuit)]  # fmt: skip
-    points = faithfulness_points(circuit.get("faithfulness"))
+    metric, points = faithfulness_points(circuit.get("faithfulness"), len(edges))
     if points:
-        parts.append("<h3>Faithfulness</h3>" + xy_chart(points, "edges kept", "faithfulness", line=True))
+        label = f"faithfulness ({metric})" if metric else "faithfulness"
+        parts.append("<h3>Faithfulness</h3>" + xy_chart(points, "edges kept", label, line=True))
     elif circuit.get("faithfulness") is not None:
         parts.append(f"<h3>Faithfulness</h3><pre>{escape(json.dumps(circuit['faithfulness'])[:2000])}</pre>")
     rows = [[e.get("sender"), e.get("receiver"), number(_score(e))]
             for e in sorted(edges, key=lambda e: -abs(_score(e) or 0.0))[:20]]  # fmt: skip
     parts.append("<h3>Strongest edges</h3>" + table(["sender", "receiver", "score"], rows, {2}))
+    if isinstance(circuit.get("verify"), Mapping):
+        parts.append("<h3>Verify: estimated against exact</h3>" + verify_html(circuit["verify"]))
     return "\n".join(p for p in parts if p)

@@ -15,7 +15,7 @@ from typing import Any
 from surgery.files.write import write_text
 from surgery.report import sections
 from surgery.report.circuit import circuit_html, read_circuit
-from surgery.report.page import Section, page
+from surgery.report.page import Section, mapping, page
 from surgery.report.splice import splice_html
 from surgery.report.study import study_data, study_html, verify_html
 
@@ -61,7 +61,7 @@ def render_report_html(
         ("metrics", "Metrics", sections.metrics(report)),
         ("generation", "Generation", sections.generation(report, decode)),
         ("study", "Study", study_html(study, heatmap) if study is not None else ""),
-        ("verify", "Verify: estimated against exact", verify_html(study) if study is not None else ""),
+        ("verify", "Verify: estimated against exact", verify_html(mapping(study).get("verify"))),
         ("circuit", "Circuit", circuit_html(circuit) if circuit is not None else ""),
         ("splice", "Splice features", splice_html(captures, _tokens(input_ids, decode))),
         ("tensors", "Model, input and output", sections.tensors(report)),

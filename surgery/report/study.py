@@ -109,18 +109,18 @@ def _baselines(section: Mapping[str, Any]) -> str:
     return "<h3>Baselines (mean over examples)</h3>" + table(["metric", *which], rows, set(range(1, len(which) + 1)))
 
 
-def verify_html(section: Mapping[str, Any]) -> str:
-    """``verify_top``: each verified cell's estimate against its exact value, with the diagonal and correlations."""
-    verify = section.get("verify")
+def verify_html(verify: Any) -> str:
+    """``verify_top``: each verified cell's (or edge's) estimate against its exact value, the diagonal, correlations."""
     if not isinstance(verify, Mapping):
         return ""
-    cells, estimate, exact = verify.get("cells") or [], verify.get("estimate") or [], verify.get("exact") or []
+    names = verify.get("cells") or verify.get("edges") or []
+    estimate, exact = verify.get("estimate") or [], verify.get("exact") or []
     points = []
-    for cell, guess, value in zip(cells, estimate, exact):
-        where = " ".join(f"{k}={v}" for k, v in cell.items()) if isinstance(cell, Mapping) else str(cell)
+    for name, guess, value in zip(names, estimate, exact):
+        where = " ".join(f"{k}={v}" for k, v in name.items()) if isinstance(name, Mapping) else str(name)
         if isinstance(guess, (int, float)) and isinstance(value, (int, float)):
             points.append(Point(float(value), float(guess), f"{where}: exact {value:.4g}, estimated {guess:.4g}"))
     r, rho = verify.get("pearson"), verify.get("spearman")
-    title = f"top {len(points)} cells: Pearson {number(r)}, Spearman {number(rho)}"
+    title = f"top {len(points)}: Pearson {number(r)}, Spearman {number(rho)}"
     metric = str(verify.get("metric", ""))
     return xy_chart(points, f"exact {metric}", f"estimated {metric}", diagonal=True, title=title)

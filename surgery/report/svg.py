@@ -35,8 +35,16 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
-    step = (high - low) / (count - 1)
-    return [low + i * step for i in range(count)]
+    """Round values (1, 2 or 5 times a power of ten apart) between ``low`` and ``high``, about ``count`` of them."""
+    raw = (high - low) / max(1, count - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(low / step)
+    return [i * step for i in range(first, math.floor(high / step) + 1)]
+
+
+def _tick(value: float) -> str:
+    return f"{0.0 if abs(value) < 1e-12 else value:.3g}"
 
 
 def xy_chart(
@@ -60,9 +68,10 @@ def xy_chart(
 
     parts = [f'<rect class="frame" x="{PAD}" y="{PAD}" width="{WIDTH - 2 * PAD}" height="{HEIGHT - 2 * PAD}"/>']
     for v in _ticks(x0, x1):
-        parts.append(f'<text class="tick" x="{sx(v):.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle">{v:.3g}</text>')
+        below = HEIGHT - PAD + 14
+        parts.append(f'<text class="tick" x="{sx(v):.1f}" y="{below}" text-anchor="middle">{_tick(v)}</text>')
     for v in _ticks(y0, y1):
-        parts.append(f'<text class="tick" x="{PAD - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>')
+        parts.append(f'<text class="tick" x="{PAD - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{_tick(v)}</text>')
     if diagonal:
         low, high = max(x0, y0), min(x1, y1)
         parts.append(f'<line class="diagonal" x1="{sx(low):.1f}" y1="{sy(low):.1f}" x2="{sx(high):.1f}"'
