@@ -63,7 +63,7 @@ def by_hand(rank: int) -> dict[str, list[torch.Tensor]]:
 def test_one_run_directory_with_every_ranks_files(run_dir: Path) -> None:
     names = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
     assert names == ["captures", "captures.rank0.safetensors", "captures.rank1.safetensors", "output.rank0.safetensors",
-                     "output.rank1.safetensors", "report.json", "report.md", "surgery.log"]  # fmt: skip
+                     "output.rank1.safetensors", "report.html", "report.json", "report.md", "surgery.log"]  # fmt: skip
     shards = sorted(p.name for p in (run_dir / "captures").iterdir())
     assert shards == [f"rank{r}-batch-{b:05d}.safetensors" for r in (0, 1) for b in range(3)]
     assert not any(run_dir.glob(".rank*"))  # the staging folders are gone

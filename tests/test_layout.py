@@ -24,6 +24,7 @@ FORBIDDEN = {
         *UPPER,
     ),
     "safe": ("surgery.actions", "surgery.core.engine", "surgery.core.compiler", *UPPER),
+    "report": ("surgery.actions", "surgery.core.engine", "surgery.core.compiler", *UPPER),  # reads results only
 }
 
 

@@ -30,6 +30,7 @@ def test_wheel_holds_every_config_file(wheel: Path) -> None:
     shipped = {f"surgery/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
     assert shipped and shipped <= names
     assert "surgery/app/cli.py" in names
+    assert {"surgery/report/report.js", "surgery/report/report.css"} <= names  # report.html's script and style
     assert {f"surgery/models/weights/induction_lm/{n}" for n in ("model.safetensors", "tokenizer.json")} <= names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "surgery = surgery.app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -56,6 +57,7 @@ def test_installed_wheel_runs_the_main_job_from_another_directory(wheel: Path, t
     assert result.returncode == 0, result.stderr
     report = json.loads((elsewhere / "run" / "report.json").read_text())
     assert report["restored"] and report["plan"][0]["matched"] == ["block1.act", "block2.act", "block3.act"]
+    assert "<script>" in (elsewhere / "run" / "report.html").read_text()  # its script read from the installed wheel
     assert (
         str(site)
         in subprocess.run(

@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 import surgery
 from surgery.app.job import run_job
 from surgery.app.plots import plot_records, plot_tensor, safe_file_name
-from surgery.app.report_md import write_report_md
 from surgery.core.paths import config_dir
+from surgery.report import write_report_md
 from tests.conftest import TinyNet, run_both
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -107,7 +107,7 @@ def test_plot_records_plots_the_last_call_of_the_plot_actions_only(tmp_path: Pat
         assert_picture(p)
 
 
-@pytest.mark.parametrize("module", ["surgery/app/plots.py", "surgery/app/report_md.py", "surgery/app/digit.py"])
+@pytest.mark.parametrize("module", ["surgery/app/plots.py", "surgery/report/markdown.py", "surgery/app/digit.py"])
 def test_matplotlib_is_imported_inside_functions_only(module: str) -> None:
     tree = ast.parse((Path(__file__).resolve().parents[1] / module).read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -51,9 +51,10 @@ def generate_run(job: Any, out_dir: Path, report: dict[str, Any]) -> dict[str, A
         write_tensors(out_dir / "captures.safetensors", captures)
     report["captures"] = {"file": "captures.safetensors" if captures else None, "count": len(captures), "shards": []}
     write_json(out_dir / "report.json", report)
-    from surgery.app.report_md import write_report_md
+    from surgery.report import write_report_html, write_report_md
 
     write_report_md(report, out_dir)
+    write_report_html(report, out_dir, tokenizer=job.data.tokenizer)
     for row in report["generate"]["prompts"]:
         differ = row["first_difference"]
         print(f"prompt:     {row['prompt']!r}")

@@ -25,6 +25,7 @@ from surgery.errors import ConfigError
 from surgery.files.gate import listing, remove_tree
 from surgery.files.write import write_json
 from surgery.harvest.config import HarvestSettings, TextDatasetInput
+from surgery.report import write_report_html
 
 FOLDER = "activations"
 SHARED_INPUT_KEYS = ("shape", "shapes", "target")  # a model's input defaults another kind keeps: not a corpus's
@@ -87,6 +88,7 @@ def run_harvest_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     }
     if ranks[0] == 0:
         write_json(out_dir / "report.json", report)
+        write_report_html(report, out_dir)
     _leave_group()
     if interrupts.requested:
         print(

@@ -29,6 +29,7 @@ from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
 from surgery.files.gate import listing
 from surgery.files.write import expect_disk, write_json, write_tensors
+from surgery.report import write_report_html, write_report_md
 from surgery.vectors import Vector, summaries
 
 
@@ -175,6 +176,7 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
     if job.settings.mode == "plan":
         report["fingerprints"] = prints
         write_json(out_dir / "report.json", report)
+        write_report_html(report, out_dir)
         reached.report = report
         return report
     body, captures, saved, output = surgered_run(job, out_dir, prints)
@@ -191,9 +193,10 @@ def _run_job(cfg: DictConfig, out_dir: Path, interrupts: Interrupts, reached: Re
     report["output_file"] = "output.safetensors" if fits else None
     write_json(out_dir / "report.json", report)
     reached.report = report
-    from surgery.app.report_md import write_report_md
-
     write_report_md(report, out_dir, [out_dir / p for p in report["plots"]])
+    text = job.data.text
+    write_report_html(report, out_dir, tokenizer=job.data.tokenizer, input_ids=text.input_ids if text else None,
+                      captures=captures)  # fmt: skip
     say(summary_line(report, out_dir))
     return report
 

@@ -25,6 +25,7 @@ from surgery.core.schema import validate
 from surgery.errors import ConfigError
 from surgery.files.gate import remove_file
 from surgery.files.write import write_json, write_tensors, write_text
+from surgery.report import study_markdown, write_report_html
 from surgery.study.config import StudyConfig
 from surgery.study.grid import cells, check_uses, grid_cells
 from surgery.study.plots import undrawn
@@ -94,6 +95,7 @@ def run_study_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", study_markdown(report, result))
+    write_report_html(report, out_dir, actions=actions)
     remove_file(out_dir / PARTIAL)  # every cell is in study.safetensors now
     times = ", ".join(f"{part} {value:.2f} s" for part, value in seconds.items())
     say(f"study: {len(result.cells)} cells × {data.examples} examples ({times}); {headline(result)};"
@@ -166,6 +168,7 @@ def _plan_only(
     say(plans[0])
     report.update(complete=True, study={"grid": grid, "cells": len(plans), "first": plans[0].to_dict()})
     write_json(out_dir / "report.json", report)
+    write_report_html(report, out_dir, actions=actions)
     return report
 
 
@@ -206,32 +209,6 @@ def _section(result: StudyResult, study: StudyConfig, data: Batches, seconds: di
         "verify": result.verify,
         "seconds": seconds,
     }
-
-
-def study_markdown(report: dict[str, Any], result: StudyResult) -> str:
-    """report.md of a study: the plots first, then the baselines and where the numbers are."""
-    section = report["study"]
-    sizes = " × ".join(f"{name} ({len(values)})" for name, values in result.grid.items())
-    lines = [f"# surgery study: {sizes}, {section['examples']} examples", ""]
-    lines += [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
-    lines += [f"- `{name}` {why}" for name, why in report.get("plot_notes", {}).items()]
-    lines += [""] if report.get("plot_notes") else []
-    lines += ["| metric | unmodified | source |", "|---|---|---|"]
-    base = section["baselines"]
-    for name in result.metrics:
-        source = f"{base['source'][name]:.6g}" if "source" in base else ""
-        lines.append(f"| {name} | {base['unmodified'][name]:.6g} | {source} |")
-    lines += ["", f"Every cell's mean and interval: `study.csv`; per-example values: `study.safetensors` "
-              f"(`values/METRIC`, shaped [{', '.join(result.grid)}, examples]).", ""]  # fmt: skip
-    scale = result.normalization
-    if scale is not None:
-        ends = {end: scale[end] if isinstance(scale[end], str) else f"the actions {', '.join(scale[end])} alone"
-                for end in ("zero", "one")}  # fmt: skip
-        over = " on the means over examples" if scale["over"] == "mean" else " per example"
-        lines.append(f"`{scale['metric']}` is normalized{over}: 0 = {ends['zero']}, 1 = {ends['one']}.")
-        if scale["zero_denominators"]:
-            lines.append(f"{scale['zero_denominators']} example(s) score the same in both and are left out (NaN).")
-    return "\n".join(lines) + "\n"
 
 
 def _plain(node: Any) -> Any:

@@ -102,7 +102,7 @@ def _drop_own_dir(out_dir: Path) -> None:
 
 
 RENAMED = {"captures.safetensors": "captures.rank{r}.safetensors", "output.safetensors": "output.rank{r}.safetensors"}
-RANK0_ONLY = ("report.md", "model.safetensors", "plots", "study.safetensors", "study.csv")
+RANK0_ONLY = ("report.md", "report.html", "model.safetensors", "plots", "study.safetensors", "study.csv")
 
 
 def _move_files(staging: Path, run_dir: Path, rank: int) -> None:
