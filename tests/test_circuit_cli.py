@@ -59,6 +59,9 @@ def test_the_files(induction: tuple[Path, dict]) -> None:
     for name in ("plots/circuit.png", "plots/faithfulness.png", "report.md", "report.json"):
         assert (out / name).stat().st_size > 0
     assert "![circuit](plots/circuit.png)" in (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    top = json.loads((out / "circuit.json").read_text())["edges"][0]
+    assert '"circuit"' in page and top["sender"] in page and top["receiver"] in page  # the graph's data, inline
 
 
 def test_eap_with_verify_top(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from surgery.app.batches import input_spec, make_batches
 from surgery.app.build import build_model, resolve_device, run_dtype, seed_everything, settings_of
 from surgery.app.prepare import source_batches
 from surgery.app.report import environment, fingerprint
+from surgery.report import write_report_html
 from surgery.app.study_job import gathered_inputs
 from surgery.circuit.config import CircuitConfig
 from surgery.circuit.graph import build_graph
@@ -56,6 +57,7 @@ def run_circuit_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         report.update(complete=True, circuit={"edges": len(graph.sender), "family": graph.family,
                                               "nodes": [n.name for n in graph.senders]})  # fmt: skip
         write_json(out_dir / "report.json", report)
+        write_report_html(report, out_dir)
         return report
     spec = input_spec(_plain(cfg.model.get("input") or {}), _plain(cfg.get("input") or {}), model)
     data = make_batches(spec, settings.seed, run_dtype(settings, model), device, model, cfg.model.get("path"))
@@ -100,6 +102,7 @@ def run_circuit_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", circuit_markdown(report, result))
+    write_report_html(report, out_dir)
     times = ", ".join(f"{part} {value:.2f} s" for part, value in seconds.items())
     say(f"circuit: {len(result.edges)} edges × {data.examples} examples ({result.method}, {times}); {headline(result)};"
         f" wrote {out_dir}")  # fmt: skip
