@@ -82,7 +82,7 @@ class Adapter:
         left = sorted(set(self.modules) - set(selected))
         if left:
             raise ConfigError(
-                f"{where.rsplit('.', 2)[0]}.select: the adapter {self.path!r} also adapts {left[0]!r}"
+                f"{where}.select: the adapter {self.path!r} also adapts {left[0]!r}"
                 f"{f' (and {len(left) - 1} more)' if len(left) > 1 else ''}, which select does not match; select"
                 " every module it adapts (its target_modules)"
             )
