@@ -135,6 +135,7 @@ def config(case: str, m: Model) -> dict[str, Any]:
         "splice": {"kind": "splice", "select": m.lin, "module": {"path": sae_for(m)}, "capture": True,
                    "features": {"index": [0], "op": "mul", "value": 2.0}},
         "lora": {"kind": "lora", "select": m.lin, "r": 2, "alpha": 3.0},
+        "splice/train": {"kind": "splice", "select": m.lin, "module": {"path": sae_for(m)}, "train": True},
     }[case]  # fmt: skip
 
 
@@ -153,7 +154,7 @@ def sae_for(m: Model) -> str:
 CASE_NAMES = [
     "init", "add_parameter", "add_buffer", "freeze", "unfreeze", "replace_forward", "modify_output", "modify_input",
     "capture", "capture/output", "capture_grad", "capture_grad/param", "modify_grad", "modify_grad/param", "log",
-    "replace_module", "on_load", "splice", "lora",
+    "replace_module", "on_load", "splice", "splice/train", "lora",
 ]  # fmt: skip
 CASES = {case: config(case, MODELS["cnn"]) for case in CASE_NAMES}  # the TinyNet table (test_faults uses it)
 
@@ -261,6 +262,25 @@ def effect_splice(model, ref, x, m, s, capsys) -> None:
     ref.get_submodule(m.lin).register_forward_hook(spliced)
     assert_runs_equal(run(model, x), run(ref, x))
     assert s.captures["act"][m.lin].features.shape[-1] == 2 * t["W_enc"].shape[0]
+
+
+def effect_splice_train(model, ref, x, m, s, capsys) -> None:
+    names = ("W_enc", "b_enc", "W_dec", "b_dec")
+    t = {n: v.requires_grad_(True) for n, v in read_tensors(Path(sae_for(m)), "sae").items()}
+    lin = model.get_submodule(m.lin)
+    assert all(isinstance(getattr(lin, n), nn.Parameter) and torch.equal(getattr(lin, n), t[n]) for n in names)
+    assert sorted(s.added_state_dict()) == sorted(f"{m.lin}.{n}" for n in names)
+
+    def spliced(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return hand_decode(t, hand_encode(t, output)[0])
+
+    ref.get_submodule(m.lin).register_forward_hook(spliced)
+    out, xg, grads = run(model, x)
+    ref_out, ref_xg, ref_grads = run(ref, x)
+    assert torch.equal(out, ref_out) and torch.equal(xg, ref_xg)
+    for n in names:  # the SAE's parameters get the gradient the hand-written SAE's tensors get
+        assert torch.equal(grads.pop(f"{m.lin}.{n}"), t[n].grad), n
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(g, ref_grads[n]) for n, g in grads.items())
 
 
 def effect_lora(model, ref, x, m, s, capsys) -> None:
@@ -393,6 +413,7 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "replace_module": effect_replace_module,
     "on_load": effect_on_load,
     "splice": effect_splice,
+    "splice/train": effect_splice_train,
     "lora": effect_lora,
 }
 

@@ -183,7 +183,7 @@ def test_format_peft_refuses_what_an_adapter_cannot_hold(tmp_path: Path) -> None
         with pytest.raises(ConfigError, match=r"^save_added.format: unknown save_added format 'pef'. Did you mean"):
             s.save_added(tmp_path / "a", format="pef")
     mixed = {**lora(select="fc1"), "b": {"kind": "add_parameter", "select": "fc1", "name": "s", "shape": [1]}}
-    with surgery.apply(model, mixed) as s, pytest.raises(ConfigError, match=r"action 'b' adds tensors too"):
+    with surgery.apply(model, mixed) as s, pytest.raises(ConfigError, match=r"the recipe adds 'fc1.s' too"):
         s.save_added(tmp_path / "a", format="peft")
     assert not (tmp_path / "a").exists()
 

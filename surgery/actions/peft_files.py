@@ -144,12 +144,13 @@ def base_name(model: Any) -> str | None:
 def save_peft(surgery: Any, path: Path) -> None:
     """Write the surgery's ``kind: lora`` actions as a PEFT LoRA adapter directory (``PeftModel.from_pretrained``)."""
     steps = [s for s in surgery.plan.steps if s.enabled and s.kind == "lora"]
-    others = [s.name for s in surgery.plan.steps if s.enabled and s.traits.adds and s.kind != "lora"]
     if not steps:
         raise ConfigError("save_added.format: peft writes kind: lora actions, and this surgery has none")
+    ours = {f"{t.name}.{n}" for s in steps for t in s.targets for n in s.added}
+    others = [key for key in surgery.added_state_dict() if key not in ours]
     if others:
         raise ConfigError(
-            f"save_added.format: peft holds LoRA weights only, but action {others[0]!r} adds tensors too; save with"
+            f"save_added.format: peft holds LoRA weights only, but the recipe adds {others[0]!r} too; save with"
             " format: safetensors, or keep that action out of the recipe"
         )
     settings = {(live["r"], live["alpha"], live["dropout"]) for s in steps for live in s.live.values()}

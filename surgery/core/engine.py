@@ -64,8 +64,9 @@ class Surgery:
         for step in self.plan.steps:
             if not (step.enabled and step.traits.adds):
                 continue
+            own = getattr(step.config, "name", None)  # add_parameter's one name; other kinds list theirs in added
             for target in step.targets:
-                for name in step.added or (step.config.name,):
+                for name in step.added or ((own,) if isinstance(own, str) else ()):
                     module = target.module
                     tensor: torch.Tensor | None = module._parameters.get(name)
                     tensor = module._buffers.get(name) if tensor is None else tensor
