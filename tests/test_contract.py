@@ -134,6 +134,8 @@ def config(case: str, m: Model) -> dict[str, Any]:
         "on_load": {"kind": "on_load", "rename": {"old.*": f"{m.lin}.*"}},
         "splice": {"kind": "splice", "select": m.lin, "module": {"path": sae_for(m)}, "capture": True,
                    "features": {"index": [0], "op": "mul", "value": 2.0}},
+        "lora": {"kind": "lora", "select": m.lin, "r": 2, "alpha": 3.0},
+        "splice/train": {"kind": "splice", "select": m.lin, "module": {"path": sae_for(m)}, "train": True},
     }[case]  # fmt: skip
 
 
@@ -152,7 +154,7 @@ def sae_for(m: Model) -> str:
 CASE_NAMES = [
     "init", "add_parameter", "add_buffer", "freeze", "unfreeze", "replace_forward", "modify_output", "modify_input",
     "capture", "capture/output", "capture_grad", "capture_grad/param", "modify_grad", "modify_grad/param", "log",
-    "replace_module", "on_load", "splice",
+    "replace_module", "on_load", "splice", "splice/train", "lora",
 ]  # fmt: skip
 CASES = {case: config(case, MODELS["cnn"]) for case in CASE_NAMES}  # the TinyNet table (test_faults uses it)
 
@@ -260,6 +262,45 @@ def effect_splice(model, ref, x, m, s, capsys) -> None:
     ref.get_submodule(m.lin).register_forward_hook(spliced)
     assert_runs_equal(run(model, x), run(ref, x))
     assert s.captures["act"][m.lin].features.shape[-1] == 2 * t["W_enc"].shape[0]
+
+
+def effect_splice_train(model, ref, x, m, s, capsys) -> None:
+    names = ("W_enc", "b_enc", "W_dec", "b_dec")
+    t = {n: v.requires_grad_(True) for n, v in read_tensors(Path(sae_for(m)), "sae").items()}
+    lin = model.get_submodule(m.lin)
+    assert all(isinstance(getattr(lin, n), nn.Parameter) and torch.equal(getattr(lin, n), t[n]) for n in names)
+    assert sorted(s.added_state_dict()) == sorted(f"{m.lin}.{n}" for n in names)
+
+    def spliced(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return hand_decode(t, hand_encode(t, output)[0])
+
+    ref.get_submodule(m.lin).register_forward_hook(spliced)
+    out, xg, grads = run(model, x)
+    ref_out, ref_xg, ref_grads = run(ref, x)
+    assert torch.equal(out, ref_out) and torch.equal(xg, ref_xg)
+    for n in names:  # the SAE's parameters get the gradient the hand-written SAE's tensors get
+        assert torch.equal(grads.pop(f"{m.lin}.{n}"), t[n].grad), n
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(g, ref_grads[n]) for n, g in grads.items())
+
+
+def effect_lora(model, ref, x, m, s, capsys) -> None:
+    lin = model.get_submodule(m.lin)
+    a, b = lin.lora_A, lin.lora_B
+    assert isinstance(a, nn.Parameter) and a.requires_grad and b.requires_grad
+    assert a.shape == (2, lin.in_features) and torch.equal(b, torch.zeros(lin.out_features, 2))  # B starts at zero
+    bound = 1 / lin.in_features**0.5  # kaiming_uniform(a=sqrt(5)): U(-1/sqrt(in), 1/sqrt(in)), as PEFT's A
+    assert 0 < a.abs().max() <= bound
+    with torch.no_grad():
+        b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(2)))
+    a2, b2 = a.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
+    lora = lambda mod, args, out: out + F.linear(F.linear(args[0], a2), b2) * 1.5  # noqa: E731 - alpha / r = 1.5
+    ref.get_submodule(m.lin).register_forward_hook(lora)
+    out, xg, grads = run(model, x)
+    ref_out, ref_xg, ref_grads = run(ref, x)
+    assert torch.equal(out, ref_out) and torch.equal(xg, ref_xg)
+    assert torch.equal(grads.pop(f"{m.lin}.lora_A"), a2.grad) and torch.equal(grads.pop(f"{m.lin}.lora_B"), b2.grad)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(g, ref_grads[n]) for n, g in grads.items())
+    assert set(s.added_state_dict()) == {f"{m.lin}.lora_A", f"{m.lin}.lora_B"}
 
 
 def effect_modify_input(model, ref, x, m, s, capsys) -> None:
@@ -372,6 +413,8 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "replace_module": effect_replace_module,
     "on_load": effect_on_load,
     "splice": effect_splice,
+    "splice/train": effect_splice_train,
+    "lora": effect_lora,
 }
 
 

@@ -17,6 +17,7 @@ from surgery.core.compiler import Plan, compile_plan
 from surgery.core.ledger import Ledger, values_of
 from surgery.core.records import Record, _caller_outside_surgery, flatten_captures
 from surgery.core.restore import ModelState
+from surgery.core.steps import SAVE_FORMATS
 from surgery.core.tensors import unshared
 from surgery.core.wrapped import inner_module
 from surgery.errors import ActionError, CompiledModelWarning, ConfigError, SurgeryError
@@ -63,22 +64,27 @@ class Surgery:
         for step in self.plan.steps:
             if not (step.enabled and step.traits.adds):
                 continue
-            for target, full in zip(step.targets, step.tensors):
-                module, name = target.module, step.config.name
-                tensor: torch.Tensor | None = module._parameters.get(name)
-                tensor = module._buffers.get(name) if tensor is None else tensor
-                if tensor is not None:
-                    found[full] = tensor.detach()
+            own = getattr(step.config, "name", None)  # add_parameter's one name; other kinds list theirs in added
+            for target in step.targets:
+                for name in step.added or ((own,) if isinstance(own, str) else ()):
+                    module = target.module
+                    tensor: torch.Tensor | None = module._parameters.get(name)
+                    tensor = module._buffers.get(name) if tensor is None else tensor
+                    if tensor is not None:
+                        found[name if target.name == "<root>" else f"{target.name}.{name}"] = tensor.detach()
         return found
 
-    def save_added(self, path: Any) -> None:
-        """Write ``added_state_dict()`` as a .safetensors file (atomically: a failed write leaves no file)."""
+    def save_added(self, path: Any, format: str = "safetensors") -> None:  # noqa: A002 - the config key's name
+        """Write what this surgery added: ``safetensors`` (one file of ``added_state_dict()``), ``peft`` (a PEFT
+        LoRA adapter directory of its ``kind: lora`` actions) or ``saelens`` (a SAELens directory per splice).
+
+        Files are written atomically: a failed write leaves no half file.
+        """
         from pathlib import Path
 
-        from surgery.files.write import write_tensors
-
-        tensors = self.added_state_dict()
-        write_tensors(Path(path), tensors, "save_added")
+        if not self.active:
+            raise ActionError("save_added: this surgery was removed, and its added tensors with it")
+        SAVE_FORMATS.get(str(format), "save_added.format")(self, Path(path))
 
     def take_streamed(self) -> dict[str, torch.Tensor]:
         """The calls of ``to: disk`` captures since the last take, keyed ``ACTION/MODULE/WHAT[/CALL]``, then forgotten.
@@ -282,3 +288,11 @@ def apply_plan(model: nn.Module, plan: Any = None, *, verify: bool = False, **pl
 
 # surgeries applied per model, oldest first (weakly held), so remove() can refuse an order it cannot undo exactly
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, list[weakref.ref[Surgery]]] = weakref.WeakKeyDictionary()
+
+
+@SAVE_FORMATS.register("safetensors")
+def save_safetensors(surgery: Surgery, path: Any) -> None:
+    """``save_added``'s default: every added tensor, keyed ``MODULE.NAME``, in one .safetensors file."""
+    from surgery.files.write import write_tensors
+
+    write_tensors(path, surgery.added_state_dict(), "save_added")

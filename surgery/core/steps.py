@@ -107,6 +107,8 @@ class Step:
     after_plan: Callable[[], None] | None = None  # a check that needs every action bound (compile_plan calls it)
     streams: bool = False  # its records go to disk batch by batch (capture with to: disk)
     watch: Watch | None = None  # what the probe forward checks on each target beyond shapes (function: is called)
+    added: tuple[str, ...] = ()  # names of the tensors it registers on each target, when not just ``config.name``
+    live: dict[str, Any] = field(default_factory=dict)  # what apply made per target that a saver reads (by name)
 
     @property
     def traits(self) -> type[Kind]:
@@ -121,7 +123,8 @@ class Kind:
     model computes), ``choices`` (the key whose values the reference lists, and those values),
     ``sized`` (its records count against ``max_bytes`` in the probe forward), ``ddp_advice`` (why
     applying it to a model already wrapped in DistributedDataParallel goes wrong, for a plan warning),
-    ``adds`` (registers a new tensor ``config.name`` on each target: ``Surgery.added_state_dict`` keeps it).
+    ``adds`` (registers new tensors on each target, ``config.name`` or the step's ``added`` names:
+    ``Surgery.added_state_dict`` keeps them).
     """
 
     name: ClassVar[str]
@@ -139,3 +142,5 @@ class Kind:
 
 
 KINDS: Registry[type[Kind]] = Registry("action kind")
+# save_added formats: ``writer(surgery, path)`` writes what an applied surgery added (kinds register theirs)
+SAVE_FORMATS: Registry[Callable[[Any, Any], None]] = Registry("save_added format")

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 import surgery
@@ -29,6 +30,7 @@ from surgery.core.engine import Surgery
 from surgery.core.records import Record
 from surgery.core.restore import ModelState
 from surgery.core.running import Running
+from surgery.core.steps import SAVE_FORMATS
 from surgery.errors import ActionError, ConfigError
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -48,17 +50,37 @@ def check_log_every(value: Any, owner: str) -> int:
     return value
 
 
+def saving(save_added: Any, owner: str) -> tuple[Any, str] | None:
+    """``save_added`` as (path, format): a path (a .safetensors file), or ``{path: DIR, format: peft | saelens}``."""
+    if save_added is None or isinstance(save_added, (str, os.PathLike)):
+        return None if save_added is None else (save_added, "safetensors")
+    if isinstance(save_added, DictConfig):
+        save_added = OmegaConf.to_container(save_added, resolve=True)
+    if isinstance(save_added, dict):
+        extra = sorted(set(save_added) - {"path", "format"})
+        if extra:
+            raise ConfigError(f"{owner}.save_added.{extra[0]}: unknown key; save_added takes path and format")
+        path, form = save_added.get("path"), save_added.get("format", "safetensors")
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ConfigError(f"{owner}.save_added.path: a file or directory to write, got {path!r}")
+        SAVE_FORMATS.get(str(form), f"{owner}.save_added.format")  # an unknown format is refused now, not at the end
+        return path, str(form)
+    raise ConfigError(
+        f"{owner}.save_added: a path for the added tensors' .safetensors, or {{path: DIR, format: peft}}, got"
+        f" {save_added!r}"
+    )
+
+
 class TrainingSurgery:
     """One recipe applied to one model for one run; ``remove`` checks every hook, module and tensor slot is back."""
 
     def __init__(self, actions: Any, owner: str, save_added: Any = None) -> None:
         if actions is None:
             raise ConfigError(f"{owner}.actions: give an actions name, a dict, a DictConfig or a YAML path")
-        if save_added is not None and not isinstance(save_added, (str, os.PathLike)):
-            raise ConfigError(f"{owner}.save_added: a path for the added tensors' .safetensors, got {save_added!r}")
         self.actions = actions
         self.owner = owner
-        self.save_added = save_added  # where remove() writes Surgery.added_state_dict() first (trained add-ons kept)
+        # where and how remove() writes what the recipe added, first (trained add-ons kept): (path, format) or None
+        self.save_added = saving(save_added, owner)
         self.surgery: Surgery | None = None
         self.added: list[nn.Parameter] = []  # trainable parameters the recipe added, for the optimizer
         self._before: ModelState | None = None
@@ -106,12 +128,14 @@ class TrainingSurgery:
 
     def _save(self, s: Surgery, check: bool) -> None:
         """Write the added tensors before they go; on an interrupted run a failed write warns, not hides the error."""
+        assert self.save_added is not None
+        path, form = self.save_added
         try:
-            s.save_added(self.save_added)
+            s.save_added(path, format=form)
         except Exception as e:
             if check:
                 raise
-            warnings.warn(f"{self.owner}.save_added: could not write {str(self.save_added)!r}: {e}", stacklevel=2)
+            warnings.warn(f"{self.owner}.save_added: could not write {str(path)!r}: {e}", stacklevel=2)
 
     def statistics(self) -> dict[str, float]:
         """``surgery/ACTION/MODULE[/WHAT]/STAT`` → value for every record; reduced windows start again."""

@@ -4,4 +4,4 @@ Importing this package registers the ``splice`` kind into ``surgery.core.steps.K
 See docs/splices.md.
 """
 
-from surgery.splice import kind  # noqa: F401 - registers kind: splice
+from surgery.splice import kind, save  # noqa: F401 - registers kind: splice and save_added format saelens

@@ -4,11 +4,14 @@
 encodes (``read: input, at: output`` is a transcoder). ``error_term`` adds back ``x - decode(encode(x))`` (the
 reconstruction before feature edits, as SAELens's ``use_error_term``), so without edits the model computes what it
 did, while features can be read and edited. ``capture`` records the features as encoded (before edits).
+``train: true`` registers the SAE's tensors on the module as parameters, so a training loop trains them;
+``Surgery.save_added(DIR, format="saelens")`` writes the weights each splice uses as a SAELens directory (save.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,6 +24,7 @@ from surgery.actions.base import (
     KeyedError,
     Kind,
     Step,
+    TensorSpec,
     hook_failed,
     hook_on,
 )
@@ -134,6 +138,7 @@ class Splice(Kind):
     name = "splice"
     schema = SpliceAction
     mechanism = FORWARD_HOOK
+    adds = True  # with train: true, the SAE's tensors (Surgery.added_state_dict; none otherwise)
 
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Read and check every file against its module now; nothing is touched."""
@@ -151,7 +156,9 @@ class Splice(Kind):
             check_widths(weights, target, cfg, ctx)
             loaded.append((target, weights))
         edits = [(t, w, make_edit(cfg.features, w, ctx.where)) for t, w in loaded]
+        added = trained_names(loaded, ctx) if cfg.train else ()
         action = ctx.name
+        live: dict[str, Any] = {}  # target name -> the weights its hook uses (what save_added format saelens writes)
 
         def apply(ledger: Ledger) -> None:
             if cfg.capture and cfg.to == "disk":
@@ -159,12 +166,51 @@ class Splice(Kind):
             for target, weights, edit in ledger.each(action, edits, lambda e: e[0].name):
                 device = _device_of(target.module, ctx.root)
                 keep = keeper(ledger.record(action, target.name), cfg.features_top) if cfg.capture else None
-                spliced = splice_fn(weights.to(device), edit, cfg.error_term, keep)
+                weights = weights.to(device)
+                if cfg.train:
+                    weights = as_parameters(ledger, target.module, weights)
+                live[target.name] = weights
+                spliced = splice_fn(weights, edit, cfg.error_term, keep)
                 _register(ledger, cfg, target, spliced, action)
 
         watch = width_watch({id(t.module): w for t, w in loaded}, cfg, ctx.where)
         streams = cfg.capture and cfg.to == "disk"
-        return Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, streams=streams, watch=watch)
+        step = Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, streams=streams, watch=watch, added=added)
+        step.live = live
+        return step
+
+
+TRAINED = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "W_skip")  # SAELens's names; threshold is not trained
+
+
+def trained_names(loaded: list[tuple[Target, SpliceWeights]], ctx: BindContext) -> tuple[str, ...]:
+    """``train: true``: the names each module gets (checked free now), in SAELens's order."""
+    names: dict[str, None] = {}
+    for target, weights in loaded:
+        module, taken = target.module, ctx.added.setdefault(id(target.module), {})
+        for name in TRAINED:
+            tensor = getattr(weights, name)
+            if tensor is None:
+                continue
+            if name in taken or hasattr(module, name):
+                raise ConfigError(
+                    f"{ctx.where}.train: {target.name!r} already has {name!r} (another trained splice on it?); one"
+                    " trained splice per module"
+                )
+            taken[name] = TensorSpec(tuple(tensor.shape), tensor.dtype, "parameters")
+            names[name] = None
+    return tuple(names)
+
+
+def as_parameters(ledger: Ledger, module: nn.Module, weights: SpliceWeights) -> SpliceWeights:
+    """The SAE's tensors registered on ``module`` as parameters (own copies: the read file's stay as read)."""
+    made: dict[str, Any] = {}
+    for name in TRAINED:
+        tensor = getattr(weights, name)
+        if tensor is not None:
+            made[name] = nn.Parameter(tensor.detach().clone(), requires_grad=name != "threshold")
+            ledger.add_tensor(module, name, made[name], "parameters")
+    return replace(weights, **made)
 
 
 def _device_of(module: nn.Module, root: nn.Module) -> torch.device:

@@ -29,6 +29,7 @@ class SpliceAction(Hooked, Action):
     features_top: int | None = None  # capture only the K largest features per position: {values, indices}
     to: str = "memory"  # memory | disk: captured features written batch by batch (the CLI's shards)
     features: Any = None  # an edit of some features before decoding: {index: int | [ints], op: zero|set|mul|add, value}
+    train: bool = False  # the SAE's tensors become the module's parameters (W_enc, b_enc, ...) to train and save
 
     def __post_init__(self) -> None:
         super().__post_init__()

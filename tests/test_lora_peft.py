@@ -1,0 +1,75 @@
+"""``kind: lora`` against PEFT itself, on GPT-2 (``Conv1D``) and a Llama (``nn.Linear``): an adapter saved with
+``save_added(DIR, format="peft")`` loads in ``PeftModel.from_pretrained`` to the same logits, and an adapter PEFT saved
+loads with ``init: {from: DIR}`` to PEFT's logits, bit for bit (the same operations in the same order; PEFT's own
+load within 1e-6: it computes with the tensors as read from the file).
+scripts/setup installs peft (``pip install 'surgery[compare]'``), so these run in the suite."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import peft
+import pytest
+import torch
+
+import surgery
+from tests.arch_zoo import build
+
+SITES = {
+    "gpt2": ["transformer.h.*.attn.c_attn", "transformer.h.*.*.c_proj"],  # PEFT's c_proj: attn.c_proj and mlp.c_proj
+    "llama": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj", "model.layers.*.mlp.down_proj"],
+}
+PEFT_TARGETS = {"gpt2": ["c_attn", "c_proj"], "llama": ["q_proj", "v_proj", "down_proj"]}  # fmt: skip
+IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def family(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module]:
+    return request.param, build(request.param)
+
+
+def randomize_b(tensors: Any) -> None:
+    """B starts at zero (both here and in PEFT): random values make the adapter count."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if "lora_B" in name:
+                tensor.copy_(torch.randn(tensor.shape, generator=g) * 0.1)
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=IDS).logits
+
+
+def test_saved_with_format_peft_loads_in_peft_to_the_same_logits(family: Any, tmp_path: Path) -> None:
+    name, base = family
+    model = copy.deepcopy(base)
+    recipe = {"lora": {"kind": "lora", "select": SITES[name], "r": 2, "alpha": 4, "dropout": 0.1}}
+    with surgery.apply(model, recipe) as s:
+        randomize_b(s.added_state_dict().items())
+        ours = logits(model)
+        s.save_added(tmp_path / "adapter", format="peft")
+    assert not torch.equal(ours, logits(base))  # the adapter changes the logits, and left the model as it was
+    theirs = peft.PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "adapter").eval()
+    assert theirs.peft_config["default"].lora_dropout == 0.1 and theirs.peft_config["default"].task_type == "CAUSAL_LM"
+    # PEFT computes with the tensors as it read them from the file, whose alignment may change float results on some
+    # CPUs: within 1e-6 (surgery reads into owned copies: bit for bit in the next test)
+    torch.testing.assert_close(logits(theirs), ours, atol=1e-6, rtol=0)
+
+
+def test_an_adapter_peft_saved_loads_with_init_from(family: Any, tmp_path: Path) -> None:
+    name, base = family
+    config = peft.LoraConfig(r=3, lora_alpha=5, target_modules=PEFT_TARGETS[name], lora_dropout=0.05,
+                             fan_in_fan_out=name == "gpt2")  # fmt: skip
+    theirs = peft.get_peft_model(copy.deepcopy(base), config).eval()
+    randomize_b(theirs.named_parameters())
+    theirs.save_pretrained(tmp_path / "peft")
+    model = copy.deepcopy(base)
+    recipe = {"lora": {"kind": "lora", "select": SITES[name], "init": {"from": str(tmp_path / "peft")}}}
+    with surgery.apply(model, recipe) as s:
+        assert torch.equal(logits(model), logits(theirs))
+        settings = {tuple(sorted(live.items())) for live in s.plan.steps[0].live.values()}
+        assert {dict(t)["r"] for t in settings} == {3} and {dict(t)["dropout"] for t in settings} == {0.05}
