@@ -18,7 +18,6 @@ from surgery.app.batches import input_spec, make_batches
 from surgery.app.build import build_model, resolve_device, run_dtype, seed_everything, settings_of
 from surgery.app.prepare import source_batches
 from surgery.app.report import environment, fingerprint
-from surgery.report import write_report_html
 from surgery.app.study_job import gathered_inputs
 from surgery.circuit.config import CircuitConfig
 from surgery.circuit.graph import build_graph
@@ -28,6 +27,7 @@ from surgery.core.output import say
 from surgery.core.schema import validate
 from surgery.errors import ConfigError
 from surgery.files.write import write_json, write_tensors, write_text
+from surgery.report import write_report_html
 
 
 def run_circuit_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
