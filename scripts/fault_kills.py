@@ -22,7 +22,8 @@ For each kind of job (:data:`KINDS`), in a fresh work folder:
 Not compared, and why (:data:`IGNORED`, :data:`TIMING_KEYS`): Hydra's own files (``.hydra/*``, ``multirun.yaml``:
 the composed config, rewritten by every start) and logs (``*.log``: timestamps); in JSON reports only the
 fields that hold wall-clock times (``timings``, ``seconds``, ``study.seconds``) and a harvest's ``computed``
-(how many shards *this* process computed: fewer after a resume, by design); in report.md the "## Timings"
+(how many shards *this* process computed: fewer after a resume, by design); report.html's "Run facts" section;
+in report.md the "## Timings"
 section (the same times, for people). Every other byte is compared.
 """
 
@@ -53,6 +54,8 @@ TIMING_KEYS = {  # by file name: JSON fields that hold wall-clock times, or what
     "manifest.json": [("seconds",)],
 }
 TIMING_SECTIONS = {"report.md": "## Timings"}  # by file name: a markdown section of wall-clock times
+# report.html's "Run facts" section holds the same wall-clock times (and environment, fingerprints: report.json's)
+HTML_SECTIONS = {"report.html": (b'<section id="facts">', b"</section>")}
 PROGRESSIVE = ("study.partial.safetensors",)  # replaced whole as a run goes; absent from a finished run
 
 
@@ -168,6 +171,10 @@ def content(path: Path) -> Any:
 
     if path.name in TIMING_SECTIONS:
         return _without_section(read_bytes(path, "faults", cap=None), TIMING_SECTIONS[path.name].encode())
+    if path.name in HTML_SECTIONS:
+        text, (start, end) = read_bytes(path, "faults", cap=None), HTML_SECTIONS[path.name]
+        at = text.find(start)
+        return text if at < 0 else text[:at] + text[text.index(end, at) + len(end) :]
     if path.name not in TIMING_KEYS:
         return read_bytes(path, "faults", cap=None)
     data = read_json(path, "faults", cap=None)

@@ -153,6 +153,7 @@ ACTIONS_FOR = {
     "ablate_mlp": "gpt2_tiny",
     "capture_residual": "gpt2_tiny",
     "logit_lens": "gpt2_tiny",
+    "lora": "gpt2_tiny",
     "scale_attention": "bert_tiny",
     "patch_block3": None,  # needs a captures file: tested in test_activation_patching_across_two_runs
     "patch_resid": None,  # needs a language model directory and a source prompt: tests/test_lm_cli.py

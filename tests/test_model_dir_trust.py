@@ -113,7 +113,8 @@ def test_a_model_directory_loads_under_safe_mode_to_the_same_logits(with_tokeniz
     batch = encode_prompts(tok, prompt="The cat sat on the")
     with torch.no_grad():
         by_hand = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    assert torch.equal(runs["true"], by_hand) and torch.equal(runs["false"], by_hand)
+    assert torch.equal(runs["true"], runs["false"])  # the same process kind, the same computation: bit for bit
+    torch.testing.assert_close(runs["true"], by_hand, rtol=0, atol=1e-6)  # a child process may use other threads
 
 
 def test_code_a_model_directory_names_never_runs(with_tokenizer: Path, tmp_path: Path) -> None:

@@ -225,7 +225,8 @@ def test_every_override_a_message_suggests_composes(monkeypatch: pytest.MonkeyPa
     patched = hydra_hooks._patch_overrides(ConfigLoaderImpl._apply_overrides_to_config)
     monkeypatch.setattr(ConfigLoaderImpl, "_apply_overrides_to_config", patched)
     context = {"model": ["+model=hf"], "input.prompt": ["+model=hf", "+input=text"],
-               "input.context": ["+model=hf", "+input=text_dataset"]}  # fmt: skip
+               "input.context": ["+model=hf", "+input=text_dataset"],
+               "source.prompt": ["+model=hf", "+source=text"]}  # fmt: skip
     for key in sorted(suggested):
         base = context.get(key, context["model"] if key.startswith("model.") else ["+model=cnn"])
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

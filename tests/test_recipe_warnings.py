@@ -22,6 +22,7 @@ MEANT_FOR = {  # recipe -> the model config it is written for (cnn otherwise)
     "ablate_mlp": "gpt2_tiny",
     "capture_residual": "gpt2_tiny",
     "logit_lens": "gpt2_tiny",
+    "lora": "gpt2_tiny",
     "patch_resid": "gpt2_tiny",
     "scale_attention": "bert_tiny",
     "on_load": "functions",
