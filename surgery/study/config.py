@@ -22,7 +22,7 @@ class StudyConfig:
     ci: Any = None  # bootstrap confidence level over examples, e.g. 0.95 (null: none)
     n_boot: int = 1000  # bootstrap resamples (seeded by the run's seed)
     batch_cells: Any = BATCH_CELLS  # how many cells share one forward by replicating rows; 1 = one per forward
-    method: str = "patch"  # patch (exact); attribution and integrated_gradients are issue 27
+    method: str = "patch"  # patch | attribution | integrated_gradients; edges | eap | eap_ig: docs/circuits.md
     steps: Any = None  # integrated_gradients only
     verify_top: Any = None  # attribution only
 

@@ -43,7 +43,11 @@ MAX_STEPS = 1000
 def check_method(method: str, steps: int | None, verify_top: int | None) -> None:
     """``method`` is one of METHODS; ``steps`` goes with integrated_gradients, ``verify_top`` with an estimate."""
     if method not in METHODS:
-        raise ConfigError(f"study.method: {method!r} is not one of {', '.join(METHODS)}")
+        circuit = method in ("edges", "eap", "eap_ig")
+        raise ConfigError(
+            f"study.method: {method!r} is not one of {', '.join(METHODS)}"
+            + (" (edges between components: surgery.circuit(..., method=...), docs/circuits.md)" if circuit else "")
+        )
     if method == "integrated_gradients":
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
             raise ConfigError(
