@@ -122,6 +122,29 @@ def common_keys() -> list[str]:
     ]
 
 
+def study_keys() -> list[str]:
+    """The keys of a ``study:`` block: a grid study's, and a circuit study's (``method: edges | eap | eap_ig``)."""
+    from surgery.circuit.config import CircuitConfig
+    from surgery.study.config import StudyConfig
+
+    return [
+        "## Study keys",
+        "",
+        "A `study:` block (or `+study=NAME`, `conf/study/`) scores a grid of interventions per example",
+        "([studies.md](studies.md)):",
+        "",
+        *table(["key", "type", "default", "meaning"], field_rows(StudyConfig)),
+        "",
+        "### Circuit studies",
+        "",
+        "With `method: edges`, `eap` or `eap_ig` the block scores every edge between components instead",
+        "([circuits.md](circuits.md)); it takes no `grid` and no actions:",
+        "",
+        *table(["key", "type", "default", "meaning"], field_rows(CircuitConfig)),
+        "",
+    ]
+
+
 def kinds() -> list[str]:
     """A summary of the action kinds, then one section per kind with its own keys."""
     common = frozenset(f.name for f in dataclasses.fields(schema.Action))
@@ -208,5 +231,5 @@ def render() -> str:
         "Generated from the code by `python scripts/gen_reference.py`: do not edit by hand.",
         "",
     ]
-    sections = run_settings() + model_keys() + input_keys() + common_keys() + kinds() + config_groups()
+    sections = run_settings() + model_keys() + input_keys() + study_keys() + common_keys() + kinds() + config_groups()
     return "\n".join(header + sections).rstrip() + "\n"
