@@ -40,55 +40,31 @@ def both_routes(monkeypatch, *args, **options) -> tuple[dict[str, torch.Tensor],
     return direct, engine
 
 
+SHIFT = {"kind": "modify_output", "select": "transformer.h.0.mlp", "op": "add", "value": 0.25, "passes": "main"}
+OPS = {"kind": "modify_output", "select": "transformer.h.{layer}", "op": "{op}", "value": 1.7, "index": "[:, :, {d}]",
+       "passes": "main"}  # fmt: skip
+STEER = {"kind": "modify_output", "select": "transformer.h.0.mlp", "op": "add", "value": "{coef}", "index": "[:, -1]"}
+COEF = {"kind": "modify_input", "select": "transformer.h.1", "op": "mul", "value": "{coef}", "index": "[:, -1]",
+        "passes": "main"}  # fmt: skip
+AT_1 = {"cap": {**PATCH["cap"], "select": "transformer.h.1"}, "patch": {**PATCH["patch"], "select": "transformer.h.1"}}
+CASES = [
+    (PATCH, {"layer": "0:2", "pos": "all"}),
+    (OUT_PATCH, {"layer": [1, 0], "pos": [0, 3, 4]}),
+    ({**PATCH, "shift": SHIFT}, {"layer": [1], "pos": "1:4"}),  # an action the same in every cell
+    ({"m": OPS}, {"layer": [0, 1], "op": ["add", "mul", "set", "zero"], "d": [0, 5]}),  # ops differ in one forward
+    ({**AT_1, "steer": STEER}, {"pos": "0:3", "coef": [0.5, 2.0]}),  # changes the source pass: each cell its own
+    ({"m": COEF}, {"coef": [0.0, -0.0, 0.3, 7.0]}),
+]
+
+
 @pytest.mark.parametrize("batch_cells", [1, 4, "auto"])
-@pytest.mark.parametrize(
-    ("actions", "grid"),
-    [
-        (PATCH, {"layer": "0:2", "pos": "all"}),
-        (OUT_PATCH, {"layer": [1, 0], "pos": [0, 3, 4]}),
-        (
-            {
-                **PATCH,
-                "shift": {
-                    "kind": "modify_output",
-                    "select": "transformer.h.0.mlp",
-                    "op": "add",
-                    "value": 0.25,
-                    "passes": "main",
-                },
-            },
-            {"layer": [1], "pos": "1:4"},
-        ),  # fmt: skip
-        (
-            {
-                "m": {
-                    "kind": "modify_output",
-                    "select": "transformer.h.{layer}",
-                    "op": "{op}",
-                    "value": 1.7,
-                    "index": "[:, :, {d}]",
-                    "passes": "main",
-                }
-            },
-            {"layer": [0, 1], "op": ["add", "mul", "set", "zero"], "d": [0, 5]},
-        ),  # fmt: skip
-        (
-            {
-                "m": {
-                    "kind": "modify_input",
-                    "select": "transformer.h.1",
-                    "op": "mul",
-                    "value": "{coef}",
-                    "index": "[:, -1]",
-                    "passes": "main",
-                }
-            },
-            {"coef": [0.0, -0.0, 0.3, 7.0]},
-        ),  # fmt: skip
-    ],
-)
+@pytest.mark.parametrize(("actions", "grid"), CASES)
 def test_edits_at_sites_equal_each_cells_plan_applied_bit_for_bit(tiny_lm, monkeypatch, actions, grid, batch_cells):
     model, clean, corrupt = tiny_lm
+    if "steer" in actions and batch_cells == 4:  # each cell's source pass is its own: one cell a forward
+        with pytest.raises(surgery.ConfigError, match="4 cells cannot share a forward: actions.steer changes the sou"):
+            surgery.study(model, actions, grid, corrupt, METRICS, source=clean, batch_cells=batch_cells)
+        return
     direct, engine = both_routes(monkeypatch, model, actions, grid, corrupt, METRICS, source=clean,
                                  batch_cells=batch_cells)  # fmt: skip
     for name in engine:

@@ -62,24 +62,27 @@ def tree_key(model: nn.Module) -> tuple[Any, ...]:
     """The module tree as a plan depends on it: each module's identity, class and child names (children by
     identity, in order), and its parameters' and buffers' names, identities, shapes, dtypes, devices and grads."""
     out: list[Any] = []
+    add, extend = out.append, out.extend
     seen = {id(model)}
     stack = [model]
     while stack:
         module = stack.pop()
         children = module._modules
-        out += (id(module), type(module), tuple(children))
+        extend((id(module), type(module), *children))
         for child in children.values():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
                 stack.append(child)
-            out.append(None if child is None else id(child))
+            add(id(child))
         params, buffers = module._parameters, module._buffers
         if params:
-            out.append(("parameters", *params))
-            out += [t if t is None else (id(t), t.shape, t.dtype, t.device, t.requires_grad) for t in params.values()]
+            extend(("parameters", *params))
+            for t in params.values():
+                extend((id(t), None) if t is None else (id(t), t.shape, t.dtype, t.device, t.requires_grad))
         if buffers:
-            out.append(("buffers", *buffers))
-            out += [t if t is None else (id(t), t.shape, t.dtype, t.device) for t in buffers.values()]
+            extend(("buffers", *buffers))
+            for b in buffers.values():
+                extend((id(b), None) if b is None else (id(b), b.shape, b.dtype, b.device))
     return tuple(out)
 
 

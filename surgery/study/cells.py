@@ -131,13 +131,20 @@ class Run:
             reference = logits_of(direct.check(self.model, partial(batch.run, self.model)))  # every cell checked
             _score(self.bound, self.base, rows, reference, y, reference)
             sources: dict[Key, list[torch.Tensor]] = {}
+            own = clean is not None and direct.why_not_shared is not None  # each cell's source pass is its own
             if clean is not None:
-                output, sources = direct.record(self.model, partial(clean.run, self.model), direct.source_keys)
+                if own:
+                    output = clean.run(self.model)
+                else:
+                    output, sources = direct.record(self.model, partial(clean.run, self.model), direct.source_keys)
                 _score(self.bound, self.src_base, rows, logits_of(output), y, reference)
             replicated = partial((batch if k == 1 else batch.interleaved(k)).run, self.model)
             y_k = y if y is None or k == 1 else y.repeat_interleave(k, dim=0)  # each row's own, as its cell sees it
             reference_k = reference if k == 1 else reference.repeat_interleave(k, dim=0)
             for group in pending:
+                if own:  # k is 1 then
+                    assert clean is not None
+                    sources = direct.run_source(self.model, group[0], partial(clean.run, self.model))
                 logits = logits_of(direct.run(self.model, group, k, replicated, sources))
                 cut = slice(group[0], group[-1] + 1)  # a group is a run of cells
                 for metric in self.bound:  # one call per forward: every cell's rows at once, row r is cell r % k

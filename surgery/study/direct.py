@@ -43,7 +43,7 @@ def why_not_direct(plan: Plan, sourced: bool) -> str | None:
         if step.kind == "capture":
             plain = (cfg.reduce == "none" and cfg.function is None and cfg.fn is None and cfg.index is None
                      and cfg.item is None and cfg.heads is None and not cfg.stop and cfg.calls is None
-                     and cfg.keep == "all" and not cfg.always)  # fmt: skip
+                     and cfg.keep == "all" and not cfg.always and not cfg.clone)  # fmt: skip
             if not plain:
                 return f"{where}: a capture that does more than record each call"
             continue
@@ -59,13 +59,21 @@ def why_not_direct(plan: Plan, sourced: bool) -> str | None:
             return f"{where}.from: a reduced capture, or no source pass"
         if cfg.calls is not None or cfg.prepend or not isinstance(cfg.item, (int, str)):
             return f"{where}: calls, prepend or item"
-        if not by_capture and getattr(cfg, "passes", "both") != "main" and sourced:
-            return f"{where} changes the source pass too (each cell runs its own)"
+        if not by_capture and getattr(cfg, "passes", "both") != "main" and sourced and _read_there(plan, step):
+            return f"{where} changes an output a capture of the source pass records (the order of hooks decides)"
         index = compile_index(cfg.index, f"{where}.index") if cfg.index is not None else None
         if index and index[0] != slice(None) and index[0] is not Ellipsis:
             return f"{where}.index: its first subscript picks rows"
         changes += 1
     return None if changes else "no cell changes anything"
+
+
+def _read_there(plan: Plan, changing: Any) -> bool:
+    """Whether a capture that some patch reads records the output of a module ``changing`` (a step) changes."""
+    read = {str(s.config.from_["capture"]) for s in plan.steps if isinstance(getattr(s.config, "from_", None), Mapping)
+            and "capture" in s.config.from_}  # fmt: skip
+    changed = {id(t.module) for t in changing.targets} if changing.kind == "modify_output" else set()
+    return any(s.name in read and id(t.module) in changed for s in plan.steps for t in s.targets)
 
 
 class Direct:
@@ -79,6 +87,13 @@ class Direct:
         self.source_keys = sorted({e.source for edits in template.first_edits() for e in edits if e.source is not None},
                                   key=str)  # fmt: skip
         self.checked = False
+        changing = [e for edits in template.first_edits() for e in edits if e.source is None and e.passes != "main"]
+        self.why_not_shared = (
+            f"actions.{changing[0].action} changes the source pass too, so each cell runs its own (passes: main"
+            " keeps it out)"
+            if changing
+            else None
+        )  # with a source, each cell's own source pass then runs with its changes (run_source)
 
     @property
     def cells(self) -> int:
@@ -117,21 +132,36 @@ class Direct:
 
     def run(self, model: nn.Module, cells: list[int], k: int, run: Callable[[], Any], sources: Sources) -> Any:
         """One forward of ``run()`` with every cell of ``cells`` applied to its rows ``j::k``."""
-        rounds: dict[Key, dict[int, list[tuple[int, Edit]]]] = {}  # site -> action number -> (row, edit)
-        for j, i in enumerate(cells):
-            for edit in self.template.edits(i):
-                rounds.setdefault(edit.site, {}).setdefault(self.order[edit.action], []).append((j, edit))
-        calls: dict[Key, int] = {}
-        handles = []
-        for key, by_action in rounds.items():
-            site = self.sites[key]
-            change = _changer([by_action[a] for a in sorted(by_action)], k, sources, calls, key)
-            handles.append(_hook(site, change))
+        handles = self._hooks(cells, k, sources, in_source=False)
         try:
             return run()
         finally:
             for handle in handles:
                 handle.remove()
+
+    def run_source(self, model: nn.Module, cell: int, run: Callable[[], Any]) -> Sources:
+        """Cell ``cell``'s own source pass (its edits that act there applied), every source site recorded."""
+        handles = self._hooks([cell], 1, {}, in_source=True)
+        try:
+            return self.record(model, run, self.source_keys)[1]
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hooks(self, cells: list[int], k: int, sources: Sources, in_source: bool) -> list[Any]:
+        """One hook per site the cells edit (in a source pass: only edits acting there); the handles."""
+        rounds: dict[Key, dict[int, list[tuple[int, Edit]]]] = {}  # site -> action number -> (row, edit)
+        for j, i in enumerate(cells):
+            for edit in self.template.edits(i):
+                if in_source and (edit.source is not None or edit.passes == "main"):
+                    continue  # a patch changes nothing in a source pass; passes: main stays out of it
+                rounds.setdefault(edit.site, {}).setdefault(self.order[edit.action], []).append((j, edit))
+        calls: dict[Key, int] = {}
+        handles = []
+        for key, by_action in rounds.items():
+            change = _changer([by_action[a] for a in sorted(by_action)], k, sources, calls, key)
+            handles.append(_hook(self.sites[key], change))
+        return handles
 
 
 def _value(site: Site, args: Any, kwargs: Any, output: Any) -> torch.Tensor:

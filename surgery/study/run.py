@@ -168,11 +168,14 @@ def run_study(
         shared = Shared()
         template = Template(model, spec, grid_cells, seed, strict, safe, shared, partial(why_not_direct,
                             sourced=src is not None))  # fmt: skip
-        why = None if template.why_not is None else _why_not_rowwise(spec, grid_cells, src is not None)
+        direct = Direct(template, list(spec)) if template.why_not is None else None
+        if direct is not None:
+            why = direct.why_not_shared if src is not None else None
+        else:
+            why = _why_not_rowwise(spec, grid_cells, src is not None)
         k = cells_per_forward(batch_cells, len(grid_cells), batch_size or n, why)
         check_forward_rows(k * min(batch_size or n, n), *_row_values(model, data), "study.batch_cells")
-        if template.why_not is None:  # the cells as edits at sites: checked on the first batch, before any runs
-            direct = Direct(template, list(spec))
+        if direct is not None:  # the cells as edits at sites: checked on the first batch, before any runs
             run = Run(model, [], bound, data, src, labels, batch_size or n, k, None, direct=direct)
         else:
             filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k, shared)
