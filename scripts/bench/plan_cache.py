@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from scripts.bench.common import Variant, interleave, machine, nothing, verdict, write_json
-from scripts.bench.report.markdown import table, yes
+from scripts.bench.report.markdown import load_note, table, yes
 from scripts.bench.study import setup
 
 TARGET = 1.10
@@ -91,7 +91,8 @@ def case(name: str, recipe: Any, rounds: int, max_s: float) -> dict[str, Any]:
             Variant(REUSED, nothing, lambda: applied(model, recipe, x)),
             Variant(FRESH, nothing, lambda: applied(model, recipe, x, reuse=False)),
         ]
-        timing = interleave(variants, rounds=rounds, reps=5, max_s=max_s)
+        settled = lambda t: (lambda q: q[1] - q[0] < 0.05)(t.spread(REUSED, PLAN))  # noqa: E731 - quartiles ±2.5 %
+        timing = interleave(variants, rounds=rounds, reps=5, settled=settled, max_s=max_s)
     ratios = {}
     for variant, base in ((REUSED, PLAN), (FRESH, PLAN), (PLAN, HAND), (REUSED, HAND), (FRESH, HAND)):
         low, high = timing.spread(variant, base)
@@ -122,7 +123,9 @@ def plan_cache_section(data: dict[str, Any] | None) -> tuple[list[str], list[lis
         " `recipe, compiled each step` is the same with `reuse=False`, what every step cost before the cache; `hand`"
         " is the same hooks written by hand (the lens: a forward hook per block, then the final norm and the"
         " unembedding). All four give the same captures (checked). CPU time per step, median over"
-        f" {data['cases'][0]['rounds']} interleaved rounds of 5 steps; ratios are medians of per-round ratios.",
+        f" {', '.join(str(r['rounds']) for r in data['cases'])} interleaved rounds of 5 steps (rounds are added"
+        " until the quartiles of `reused / prebuilt` are within ±2.5 % or 90 s of CPU pass); ratios are medians of"
+        " per-round ratios, quartiles in brackets." + load_note(data),
         "",
         *table(
             [
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     cases = [
-        case(name, recipe, 3 if args.quick else 15, 10.0 if args.quick else 60.0) for name, recipe in RECIPES.items()
+        case(name, recipe, 3 if args.quick else 21, 10.0 if args.quick else 90.0) for name, recipe in RECIPES.items()
     ]
     for r in cases:
         print(r["recipe"], {k: f"{v * 1e3:.2f} ms" for k, v in r["times"].items()},

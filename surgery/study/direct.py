@@ -30,6 +30,7 @@ from surgery.study.template import Template
 
 OPS = ("set", "patch", "zero", "add", "mul")
 _HALF = (torch.float16, torch.bfloat16)  # their ops compute in float32, as the engine's scalar ops do
+ROW = 1 << 20  # values in one row at most for the vectorised write (its positions are an arange of one row)
 Sources = dict[Key, list[torch.Tensor]]  # each source site's tensor per call of the source pass
 
 
@@ -123,11 +124,13 @@ class Direct:
             return run()
         output, seen = self.record(model, run, list(self.sites))
         self.checked = True
+        fits: set[tuple[Key, str | None]] = set()  # an index text checked at a site fits it for every cell
         for i in range(self.cells):
             for edit in self.template.edits(i):
                 calls = seen[edit.site]
-                if calls:
+                if calls and (edit.site, edit.index_text) not in fits:
                     _check_cut(edit, calls[0], self.names.get(edit.site[0], "the module"))
+                    fits.add((edit.site, edit.index_text))
         return output
 
     def run(self, model: nn.Module, cells: list[int], k: int, run: Callable[[], Any], sources: Sources) -> Any:
@@ -246,25 +249,32 @@ def _changer(
 
 
 def _write(out: torch.Tensor, edits: list[tuple[int, Edit]], k: int, src: torch.Tensor | None) -> None:
-    """One action's edits of every cell written into ``out`` (in place): one gather and one scatter."""
+    """One action's edits of every cell written into ``out`` (in place): one gather and one scatter.
+
+    Cell ``j``'s part is its rows ``j::k`` cut by its index; its flat positions are worked out from one row's
+    (an ``arange`` over one row, never the whole tensor), and the source's from the same, in its own rows.
+    """
     op = edits[0][1].op
     rows = out.shape[0] // k if out.dim() else 0
+    per_row = out[0].numel() if out.dim() else 0
     aligned = src is None or (src.dim() == out.dim() and src.shape[0] == rows and src.shape[1:] == out.shape[1:])
-    if len(edits) == 1 or not out.is_floating_point() or not aligned or rows * k != out.shape[0]:
+    simple = out.dim() and out.is_floating_point() and aligned and rows * k == out.shape[0] and 0 < per_row <= ROW
+    if len(edits) == 1 or not simple:
         for j, edit in edits:  # the engine's op, one cell at a time: one cell, or other shapes and dtypes
             _one(out, j, k, edit, src)
         return
-    positions = torch.arange(out.numel(), device=out.device).view(out.shape)
-    dst = torch.cat([_cut(positions[j::k], e.cut) for j, e in edits])
+    one_row = torch.arange(per_row, device=out.device).view(out.shape[1:])
+    starts = torch.arange(rows, device=out.device)[:, None] * per_row  # each example's first position
+    parts = [_region(one_row, e.cut) for _, e in edits]
+    dst = torch.cat([(starts * k + j * per_row + part).reshape(-1) for (j, _), part in zip(edits, parts)])
     if src is not None:
-        at = torch.arange(src.numel(), device=src.device).view(src.shape)
-        vals = src.reshape(-1)[torch.cat([_cut(at, e.cut) for _, e in edits])].to(out.dtype)
+        at = torch.cat([(starts + part).reshape(-1) for part in parts])
+        vals = src.reshape(-1)[at].to(out.dtype)
     elif op == "zero":
         vals = torch.zeros((), dtype=out.dtype, device=out.device)
     else:
-        sizes = [_cut(positions[j::k], e.cut).numel() for j, e in edits]
         numbers = torch.tensor([float(e.value) for _, e in edits], dtype=torch.float64)  # type: ignore[arg-type]
-        vals = numbers.repeat_interleave(torch.tensor(sizes)).to(out.device)
+        vals = numbers.repeat_interleave(torch.tensor([rows * part.numel() for part in parts])).to(out.device)
     if op in ("add", "mul"):
         math = torch.float32 if out.dtype in _HALF else out.dtype
         part = _gather(out, dst).to(math)
@@ -272,8 +282,12 @@ def _write(out: torch.Tensor, edits: list[tuple[int, Edit]], k: int, src: torch.
     _scatter(out, dst, vals.to(out.dtype))
 
 
-def _cut(positions: torch.Tensor, cut: tuple[Any, ...] | None) -> torch.Tensor:
-    return (positions if cut is None else positions[cut]).reshape(-1)
+def _region(one_row: torch.Tensor, cut: tuple[Any, ...] | None) -> torch.Tensor:
+    """The positions within one row that ``cut`` (whose first subscript keeps every row) picks, as a row vector."""
+    if cut is None:
+        return one_row.reshape(1, -1)
+    rest = cut if cut and cut[0] is Ellipsis else cut[1:]
+    return one_row[rest].reshape(1, -1)
 
 
 def _gather(out: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -289,12 +303,12 @@ def _scatter(out: torch.Tensor, dst: torch.Tensor, vals: torch.Tensor) -> None:
 
 def _one(out: torch.Tensor, j: int, k: int, edit: Edit, src: torch.Tensor | None) -> None:
     """Cell ``j``'s edit on its rows of ``out``, as the engine's op computes it (surgery/actions/ops.py, sources.py)."""
-    rows = out[j::k]
+    rows = out if k == 1 else out[j::k]
     part = rows if edit.cut is None else rows[edit.cut]
     if src is not None:
         same = src.shape == rows.shape  # the usual case, where onto() cuts the source like the part
         value = (src if edit.cut is None else src[edit.cut]) if same else onto(src, rows, part, edit.cut, "from")
-        value = value.to(dtype=part.dtype)
+        value = value if value.dtype == part.dtype else value.to(dtype=part.dtype)
         new = part + value if edit.op == "add" else part * value if edit.op == "mul" else value
     elif edit.op == "zero":
         new = torch.zeros_like(part)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scripts.bench.report.markdown import table, yes
+from scripts.bench.report.markdown import load_note, table, yes
 
 
 def data_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]], list[str]]:
@@ -183,7 +183,8 @@ def study_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str
         " planned and applied with its own source pass. Checked before timing: `batch_cells=1` and `apply per"
         " cell` equal the one-forward-per-cell hand loop bit for bit; `batch_cells: auto` is allclose to the"
         " replicated hand loop. CPU time per whole grid, median of"
-        f" {data['rounds']} interleaved rounds; ratios are medians of per-round ratios, quartiles beside them.",
+        f" {data['rounds']} interleaved rounds; ratios are medians of per-round ratios, quartiles beside them."
+        + load_note(data),
         "",
         *table(["variant", "per grid"], rows),
         *table(["ratio", "median", "quartiles", "target"], ratio_rows),
