@@ -48,9 +48,9 @@ def load_actions(actions: Any) -> dict[str, Any]:
                     f" Available: {', '.join(options)}; or give a path to a YAML file.",
                     options=options,
                 )
-        if not path.exists():
+        elif not path.exists():
             raise ConfigError(f"actions: file {text!r} does not exist")
-        actions = _parsed(read_text(path, "actions"))
+        actions = _read_recipe(path)
     if isinstance(actions, DictConfig):
         actions = OmegaConf.to_container(actions, resolve=True)
     if actions is None:
@@ -60,15 +60,16 @@ def load_actions(actions: Any) -> dict[str, Any]:
     return dict(actions)
 
 
-_PARSED: dict[str, Any] = {}  # a recipe file's text -> its actions (read every time: an edit is a new text)
+_PARSED: dict[str, Any] = {}  # a recipe file's text -> its actions
 _PARSED_SIZE = 32
 
 
-def _parsed(text: str) -> Any:
-    """A recipe file's YAML text as plain data, parsed once per distinct text (a copy each time: callers own it).
-
-    A text with interpolations (``${...}``) is parsed and resolved every time: its values may change.
-    """
+def _read_recipe(path: Path) -> Any:
+    """A recipe file's actions as plain data (a copy each time: callers own it). The file is read every time
+    (through the gate), so an edit is always seen, however soon after the last read and whatever the file's
+    times say; only the YAML parse is kept, per distinct text. A text with interpolations (``${...}``) is
+    parsed and resolved every time: its values may change."""
+    text = read_text(path, "actions")
     if "${" in text:
         return OmegaConf.create(text)
     if text not in _PARSED:
