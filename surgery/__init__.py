@@ -35,15 +35,18 @@ def plan(
     safe: bool = False,
     example_inputs: tuple[Any, ...] | None = None,
     example_kwargs: dict[str, Any] | None = None,
+    reuse: bool = True,
 ) -> Plan:
     """Compile ``actions`` (a name in conf/actions, a YAML path, a dict or DictConfig) for ``model``.
 
     ``example_inputs`` (a tuple of positional inputs) and ``example_kwargs`` (keyword inputs, e.g. a
-    tokenized batch's ``input_ids``/``attention_mask``) let shapes be checked before applying.
+    tokenized batch's ``input_ids``/``attention_mask``) let shapes be checked before applying. The same
+    recipe (by content) on the same module tree returns the plan compiled before (docs/behaviour.md,
+    "Plans reused"); ``reuse=False`` compiles afresh.
     """
     return compile_plan(
         model, actions, seed=seed, strict=strict, safe=safe, example_inputs=example_inputs,
-        example_kwargs=example_kwargs,
+        example_kwargs=example_kwargs, reuse=reuse,
     )  # fmt: skip
 
 

@@ -170,10 +170,10 @@ def test_cells_share_forwards_by_rows_and_give_the_values_of_one_forward_per_cel
         shared = surgery.study(model, PATCH, grid, corrupt, METRICS, source=clean, batch_cells=4)
     finally:
         handle.remove()
-    # probe, unmodified, the shared source pass (also the source baseline), then 10 cells: one forward each,
-    # or 3 forwards of up to 4 cells × 3 rows (the source's calls repeated like the rows, not run again)
-    assert one_count == 1 + 1 + 1 + 10
-    assert forwards == [4, 3, 3, 12, 12, 12]
+    # unmodified (every cell's index checked on it), the shared source pass (also the source baseline), then 10
+    # cells: one forward each, or 3 forwards of up to 4 cells × 3 rows (the source read per row, not run again)
+    assert one_count == 1 + 1 + 10
+    assert forwards == [3, 3, 12, 12, 12]
     for name in ("logit_diff", "prob"):
         assert torch.allclose(shared.values[name], one.values[name], rtol=1e-5, atol=1e-7)
 

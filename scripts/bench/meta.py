@@ -178,6 +178,7 @@ def in_process(names: list[str], rounds: int, directory: str) -> tuple[dict[str,
     alone: dict[str, Any] = {}
     for name, (args, kwargs) in plan_args.items():
         kwargs = {k: v for k, v in kwargs.items() if k != "batches"}  # surgery.plan's arguments: the CLI's, one batch
+        kwargs["reuse"] = False  # compiled every time, not found in the plan cache
         spent = []
         for _ in range(rounds * 3):
             start = time.process_time()

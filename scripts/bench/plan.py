@@ -127,7 +127,7 @@ def baseline(model: nn.Module) -> list[int]:
 
 
 def plan_counts(model: nn.Module) -> list[int]:
-    plan = surgery.plan(model, ACTIONS)
+    plan = surgery.plan(model, ACTIONS, reuse=False)  # compiled every time: the plan cache would find it again
     return [len(step.targets) for step in plan.steps]
 
 
@@ -136,7 +136,7 @@ def breakdown(model: nn.Module) -> dict[str, float]:
     a part whose function no longer exists is left out)."""
     from surgery.core import compiler, select
 
-    plan = surgery.plan(model, ACTIONS)
+    plan = surgery.plan(model, ACTIONS, reuse=False)
     parts: dict[str, Callable[[], Any]] = {"named_modules() walk": lambda: list(model.named_modules())}
     index_of = getattr(getattr(select, "ModuleIndex", None), "of", None)
     if callable(index_of):
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else [1_000, 10_000] if args.quick else SIZES
-    surgery.plan(build(100)[0], ACTIONS)  # warm imports and caches outside the timings
+    surgery.plan(build(100)[0], ACTIONS, reuse=False)  # warm imports and caches outside the timings
     rows = []
     parts: dict[str, float] = {}
     for size in sizes:

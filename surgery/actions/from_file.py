@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from surgery.core.plan_cache import depends_on_more
 from surgery.errors import ConfigError, did_you_mean
 from surgery.files.gate import config_path
 from surgery.files.tensors import read_tensors
@@ -21,6 +22,7 @@ class FileSource:
     """The tensors of one ``from: {file, key}``, read once; ``tensor(full_name, module_name)`` picks one."""
 
     def __init__(self, source: dict, where: str) -> None:
+        depends_on_more(f"{where}.file")  # the file may change between plans
         self.where = where
         self.file = str(source["file"])
         self.key = source.get("key")

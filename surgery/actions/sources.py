@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from surgery.actions.base import KeyedError
+from surgery.core.plan_cache import depends_on_more
 from surgery.core.select import Target
 from surgery.core.steps import broadcasts
 from surgery.core.structure import get_item
@@ -60,6 +61,7 @@ def load_patch(source: dict[str, str], where: str) -> torch.Tensor:
     from surgery.files.libraries import safetensors_reader
     from surgery.files.tensors import SAFETENSORS_DTYPE_BYTES
 
+    depends_on_more(f"{where}.file")  # the file may change between plans
     path = config_path(str(source["file"]), f"{where}.file")
     if not path.is_file():
         raise ConfigError(f"{where}.file: {str(path)!r} does not exist; capture it first (e.g. kind: capture)")

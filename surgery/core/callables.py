@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from surgery.core.limits import sized_call
+from surgery.core.plan_cache import depends_on_more
 from surgery.errors import ConfigError, did_you_mean
 
 # Only names under these packages are ever imported to be checked: importing any other module
@@ -157,6 +158,7 @@ def instantiate_node(node: Mapping[str, Any], where: str, safe: bool) -> Any:
     from hydra.utils import instantiate
 
     check_targets(node, where, safe)
+    depends_on_more(where)  # a new object each time (a module replace_module puts in, with its own state)
     try:
         return instantiate(dict(node))
     except InstantiationException as e:
@@ -193,6 +195,7 @@ def resolve_callable(spec: Any, where: str, safe: bool) -> Callable[..., Any]:
     elif isinstance(spec, str) and ":" in spec:
         if safe and not _allowed_path(spec):
             raise refusal(where, spec)
+        depends_on_more(where)  # the name may denote another object later (a module reloaded)
         obj = _import(spec, where)
     else:
         raise ConfigError(f"{where}: expected pkg.module:function or a _target_ node, got {spec!r}")

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from surgery.core import plan_cache
 from surgery.core.paths import config_dir, group_options
+from surgery.core.plan_cache import plain
 from surgery.core.schema import validate
 from surgery.core.select import ModuleIndex, Target, as_list, closest_names
 from surgery.core.steps import KINDS, BindContext, Step
@@ -46,9 +48,9 @@ def load_actions(actions: Any) -> dict[str, Any]:
                     f" Available: {', '.join(options)}; or give a path to a YAML file.",
                     options=options,
                 )
-        if not path.exists():
+        elif not path.exists():
             raise ConfigError(f"actions: file {text!r} does not exist")
-        actions = OmegaConf.create(read_text(path, "actions"))
+        actions = _read_recipe(path)
     if isinstance(actions, DictConfig):
         actions = OmegaConf.to_container(actions, resolve=True)
     if actions is None:
@@ -56,6 +58,25 @@ def load_actions(actions: Any) -> dict[str, Any]:
     if not isinstance(actions, Mapping):
         raise ConfigError(f"actions: expected a mapping of named actions, got {type(actions).__name__}")
     return dict(actions)
+
+
+_PARSED: dict[str, Any] = {}  # a recipe file's text -> its actions
+_PARSED_SIZE = 32
+
+
+def _read_recipe(path: Path) -> Any:
+    """A recipe file's actions as plain data (a copy each time: callers own it). The file is read every time
+    (through the gate), so an edit is always seen, however soon after the last read and whatever the file's
+    times say; only the YAML parse is kept, per distinct text. A text with interpolations (``${...}``) is
+    parsed and resolved every time: its values may change."""
+    text = read_text(path, "actions")
+    if "${" in text:
+        return OmegaConf.create(text)
+    if text not in _PARSED:
+        while len(_PARSED) >= _PARSED_SIZE:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[text] = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    return copy.deepcopy(_PARSED[text])
 
 
 @dataclass
@@ -130,6 +151,7 @@ def compile_plan(
     example_kwargs: dict[str, Any] | None = None,
     batches: int = 1,
     shared: Shared | None = None,
+    reuse: bool = True,
 ) -> Plan:
     """Validate every action against its schema and the model; bind each to what it matched.
 
@@ -137,13 +159,43 @@ def compile_plan(
     action needs, such as a patch's, and capture sizes against ``max_bytes`` (over
     ``batches`` batches) are checked before anything is applied. ``shared``: what plans of the same
     unmodified model can reuse (a study's cells): its module index, validated configs, selections.
+    ``reuse``: return the plan compiled before for the same recipe on the same module tree
+    (surgery/core/plan_cache.py says when); without example inputs or ``shared`` only.
     """
     model = inner_module(model)  # nnsight's NNsight(model): its inner module tree
+    specs = load_actions(actions)
+    key = None
+    if reuse and shared is None and example_inputs is None and not example_kwargs:
+        key = plan_cache.recipe_key(specs, seed, strict, safe)
+    if key is None:
+        return _compiled(model, specs, seed, strict, safe, example_inputs, example_kwargs, batches, shared)
+    tree = plan_cache.tree_key(model)
+    plan = plan_cache.found(model, key, tree)
+    if plan is not None:
+        return plan
+    with plan_cache.watching() as outside:
+        plan = _compiled(model, specs, seed, strict, safe, None, None, batches, None)
+    if not outside:
+        plan_cache.keep(model, key, tree, plan)
+    return plan
+
+
+def _compiled(
+    model: nn.Module,
+    specs: dict[str, Any],
+    seed: int,
+    strict: bool,
+    safe: bool,
+    example_inputs: tuple[Any, ...] | None,
+    example_kwargs: dict[str, Any] | None,
+    batches: int,
+    shared: Shared | None,
+) -> Plan:
+    """``compile_plan`` itself, on the actions loaded."""
     index = shared.index_of(model) if shared is not None else ModuleIndex.of(model)
     plan = Plan(model, [], seed=seed, strict=strict, safe=safe)
     ctx_added: dict[int, Any] = {}
     flags: dict[int, bool] = {}  # shared by every action: what earlier ones add and freeze
-    specs = load_actions(actions)
     for rewrite in SELECTOR_REWRITES:  # e.g. "@mlp.3" becomes the real module names of this architecture
         specs = rewrite(model, index, specs)
     for name, node in specs.items():
@@ -205,14 +257,15 @@ class Shared:
         each) is a copy of it holding the new text: ``select`` is read by the match alone, and the only check
         made on it (a glob string or a list of them) holds for any text.
         """
-        plain = _plain(node)
-        if plain is None:
+        content = plain(node)
+        if content is None:
             return validate(kind.schema, node, where)
-        key = (kind.name, where, plain)
+        key = (kind.name, where, content)
         if key not in self._configs:
             select = node.get("select")
             text = type(select) is str and "${" not in select and select != "???"
-            others = ("select", kind.name, where, tuple(p for p in plain[1] if p[0] != "select")) if text else None
+            rest = tuple(p for p in content[1] if p[0] != ("str", "select"))
+            others = ("select", kind.name, where, rest) if text else None
             known = self._configs.get(others) if others is not None else None
             if known is not None:
                 config = copy.copy(known)
@@ -226,25 +279,12 @@ class Shared:
 
     def matched(self, cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Target]:
         """``_match``, once per selector on the same index."""
-        key = (id(index), where, strict, _plain(cfg.select), _plain(cfg.type), _plain(cfg.exclude), cfg.allow_empty)
+        key = (id(index), where, strict, plain(cfg.select), plain(cfg.type), plain(cfg.exclude), cfg.allow_empty)
         if None in key[3:6]:
             return _match(cfg, index, where, strict)  # a selector that is not plain data: not shared
         if key not in self._matches:
             self._matches[key] = _match(cfg, index, where, strict)
         return list(self._matches[key])
-
-
-def _plain(value: Any) -> Any:
-    """A hashable copy of JSON-like data (str, numbers, bools, None, lists, mappings); None for anything else."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return (type(value).__name__, value)
-    if isinstance(value, (list, tuple, ListConfig)):
-        items = [_plain(v) for v in value]
-        return None if any(i is None for i in items) else ("list", tuple(items))
-    if isinstance(value, Mapping):
-        pairs = [(str(k), _plain(v)) for k, v in value.items()]
-        return None if any(p[1] is None for p in pairs) else ("map", tuple(pairs))
-    return None
 
 
 def ddp_warnings(root: nn.Module, steps: list[Step]) -> list[str]:

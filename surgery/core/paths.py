@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # surgery/
 
 
+@cache
 def config_dir() -> Path:
-    """The absolute config directory, for Hydra and for loading actions by name."""
+    """The absolute config directory, for Hydra and for loading actions by name (where the package is: it
+    does not move while it runs)."""
     installed = PACKAGE_DIR / "conf"
     return installed if installed.is_dir() else PACKAGE_DIR.parent / "conf"
 

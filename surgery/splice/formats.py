@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from surgery.core.plan_cache import depends_on_more
 from surgery.errors import ConfigError
 from surgery.files import gate
 from surgery.files.paths import refuse_url
@@ -109,6 +110,7 @@ def load(
     ``.safetensors`` file is a transcoder: its ``b_dec`` lives in the output space and is never subtracted from
     the input (as SAELens's transcoders and SAELens directories here), unless ``apply_b_dec_to_input`` says so.
     """
+    depends_on_more(where)  # the file may change between plans
     found = resolve(path, where)
     files = [found / CFG_FILE, found / WEIGHTS_FILE] if found.is_dir() else [found]
     stamp = tuple((str(os.path.realpath(f)), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists())

@@ -20,6 +20,7 @@ from surgery.core.compiler import Plan
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.records import Call
 from surgery.study.attribution import attribute_batch
+from surgery.study.direct import Direct
 from surgery.study.edits import Key, Site
 from surgery.study.estimates import EditedCells
 from surgery.study.inputs import Inputs, logits_of
@@ -51,15 +52,21 @@ class Run:
     k: int  # cells per forward
     sharing: tuple[dict[str, Any], list[dict[str, str]]] | None
     attribution: Attribution | None = None
+    direct: Direct | None = None  # the cells run as edits at sites (no plan per cell): surgery/study/direct.py
     base: dict[str, torch.Tensor] = field(default_factory=dict)
     src_base: dict[str, torch.Tensor] = field(default_factory=dict)
     baseline_plans: dict[str, Plan] = field(default_factory=dict)  # study.normalize's action lists, each alone
     named: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # their metric values per example
 
+    @property
+    def cells(self) -> int:
+        """How many cells."""
+        return len(self.plans) if self.direct is None else self.direct.cells
+
     @cached_property
     def groups(self) -> list[list[int]]:
         """The cells of each forward, in order."""
-        n = len(self.plans)
+        n = self.cells
         return [list(range(g, min(g + self.k, n))) for g in range(0, n, self.k)]
 
     def score(self, progress: Progress) -> None:
@@ -87,6 +94,9 @@ class Run:
         if self.attribution is not None and pending:  # its own passes give the baselines too
             self._estimate(progress, rows, batch, clean, y, pending)
             return
+        if self.direct is not None:
+            self._direct(progress, rows, batch, clean, y, pending)
+            return
         k = self.k
         with torch.no_grad():
             reference = logits_of(batch.run(self.model))
@@ -108,6 +118,38 @@ class Run:
                 for j, i in enumerate(group):
                     for metric in self.bound:
                         progress.values[metric.name][i, rows] = metric(logits[j::k], y, reference)
+                progress.finished(group, rows)
+
+    def _direct(
+        self, progress: Progress, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None,
+        pending: list[list[int]],
+    ) -> None:  # fmt: skip
+        """The batch's baselines, then each group of cells as one forward with one hook per site edited."""
+        assert self.direct is not None
+        direct, k = self.direct, self.k
+        with torch.no_grad():
+            reference = logits_of(direct.check(self.model, partial(batch.run, self.model)))  # every cell checked
+            _score(self.bound, self.base, rows, reference, y, reference)
+            sources: dict[Key, list[torch.Tensor]] = {}
+            own = clean is not None and direct.why_not_shared is not None  # each cell's source pass is its own
+            if clean is not None:
+                if own:
+                    output = clean.run(self.model)
+                else:
+                    output, sources = direct.record(self.model, partial(clean.run, self.model), direct.source_keys)
+                _score(self.bound, self.src_base, rows, logits_of(output), y, reference)
+            replicated = partial((batch if k == 1 else batch.interleaved(k)).run, self.model)
+            y_k = y if y is None or k == 1 else y.repeat_interleave(k, dim=0)  # each row's own, as its cell sees it
+            reference_k = reference if k == 1 else reference.repeat_interleave(k, dim=0)
+            for group in pending:
+                if own:  # k is 1 then
+                    assert clean is not None
+                    sources = direct.run_source(self.model, group[0], partial(clean.run, self.model))
+                logits = logits_of(direct.run(self.model, group, k, replicated, sources))
+                cut = slice(group[0], group[-1] + 1)  # a group is a run of cells
+                for metric in self.bound:  # one call per forward: every cell's rows at once, row r is cell r % k
+                    values = metric(logits, y_k, reference_k).view(-1, k)[:, : len(group)]
+                    progress.values[metric.name][cut, rows] = values.T
                 progress.finished(group, rows)
 
     def _named_baselines(self, rows: slice, batch: Inputs, clean: Inputs | None, y: torch.Tensor | None) -> None:

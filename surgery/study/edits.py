@@ -32,6 +32,7 @@ class Edit(NamedTuple):
     cell: Mapping[str, Any] | str = ""  # the grid cell making it (or a text naming it), for messages
     index_text: str | None = None
     action: str = ""
+    passes: str = "both"  # both: it also acts in the source pass (unless it reads a capture); main: not there
 
     @property
     def where(self) -> str:
@@ -85,7 +86,8 @@ def edits_of(plan: Plan, cell: Mapping[str, Any] | str) -> list[Edit]:
             site = (id(target.module), what, cfg.item)
             src = (id(target.module), str(source.get("what", "output")), cfg.item) if source else None
             heads = getattr(cfg, "heads", None)
-            edits.append(Edit(site, src, cfg.op, cfg.value, index, heads, cell, cfg.index, step.name))
+            passes = getattr(cfg, "passes", "both")
+            edits.append(Edit(site, src, cfg.op, cfg.value, index, heads, cell, cfg.index, step.name, passes))
     if not edits:
         raise ConfigError(f"study.method: {named} changes nothing an attribution can estimate")
     return edits

@@ -20,6 +20,7 @@ position scored is the last real one of each row unless the metric's ``pos`` nam
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -73,9 +74,20 @@ def scored(logits: torch.Tensor, labels: torch.Tensor | None, pos: int | None) -
 def _last_everywhere(logits: torch.Tensor, labels: torch.Tensor | None) -> bool:
     """Whether every row's scored position is the last one (no labels, or each row's last label real), where
     that is known without waiting on a device: a host tensor, or no labels to read."""
+    global _LAST_SEEN
     if labels is None or labels.dim() != 2 or labels.shape != logits.shape[:2]:
         return True
-    return labels.device.type == "cpu" and bool((labels[:, -1] != IGNORE).all())
+    if labels.device.type != "cpu":
+        return False
+    seen = _LAST_SEEN
+    if seen is not None and seen[0]() is labels and seen[1] == labels._version:  # a study scores one batch's
+        return seen[2]  # labels once per cell: the answer is the same until they change
+    answer = bool((labels[:, -1] != IGNORE).all())
+    _LAST_SEEN = (weakref.ref(labels), labels._version, answer)
+    return answer
+
+
+_LAST_SEEN: tuple[weakref.ref[torch.Tensor], int, bool] | None = None  # the labels last asked about, and the answer
 
 
 def _logit_diff(correct: int, wrong: int, pos: int | None, logits: Any, labels: Any, reference: Any) -> torch.Tensor:

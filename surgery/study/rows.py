@@ -79,8 +79,9 @@ def restricted(actions: dict[str, Any], j: int, k: int) -> dict[str, Any]:
 
 def cells_per_forward(wanted: Any, cells: int, rows: int, why: str | None) -> int:
     """How many cells share a forward: ``wanted`` (``auto`` or a number) where the plan allows it."""
-    if wanted == "auto":
-        return 1 if why is not None else max(1, min(cells, AUTO_ROWS // max(rows, 1)))
+    if wanted == "auto":  # as many as AUTO_ROWS allows, in as few forwards, spread evenly (no forward mostly empty)
+        most = 1 if why is not None else max(1, min(cells, AUTO_ROWS // max(rows, 1)))
+        return -(-cells // -(-cells // most))
     if wanted > 1 and why is not None:
         from surgery.errors import ConfigError
 

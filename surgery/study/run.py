@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from surgery.errors import ConfigError, SurgeryError
 from surgery.safe.costs import check_forward_rows, check_study
 from surgery.study.baselines import Normalization, label, normalized, parse_normalize
 from surgery.study.cells import Attribution, Run
+from surgery.study.direct import Direct, why_not_direct
 from surgery.study.estimates import EditedCells
 from surgery.study.every import every_value
 from surgery.study.grid import cells, check_uses, fill, naming, parse_grid
@@ -33,7 +35,7 @@ from surgery.study.resume import Progress
 from surgery.study.rows import cells_per_forward, restricted, why_not_rowwise
 from surgery.study.sources import shared_captures
 from surgery.study.stats import N_BOOT, bootstrap, mean
-from surgery.study.template import derive
+from surgery.study.template import Template, derive
 from surgery.study.verify import verified
 
 METHODS = ("patch", "attribution", "integrated_gradients")
@@ -88,12 +90,15 @@ def plan_cells(
     strict: bool,
     safe: bool,
     k: int = 1,
+    shared: Shared | None = None,
 ) -> tuple[list[dict[str, Any]], list[Plan]]:
     """Every cell's actions (placeholders filled; with ``k`` cells a forward, cut to its rows) and plan, compiled once.
 
     A cell that fails is named.
     """
-    filled, plans, shared = [], [], Shared()  # one module index; a config or selector seen before is reused
+    filled: list[dict[str, Any]] = []
+    plans: list[Plan] = []
+    shared = shared or Shared()  # one module index; a config or selector seen before is reused
     for i, cell in enumerate(grid_cells):
         node = fill(actions, cell)
         node = node if k == 1 else restricted(node, i % k, k)
@@ -164,13 +169,24 @@ def run_study(
     if src is not None and src.examples != n:
         src = src.repeated(n)  # one source example serves every row: the same rows as the inputs
     if method == "patch":
-        k = _cells_per_forward(spec, grid_cells, batch_cells, batch_size or n, src is not None)
+        shared = Shared()
+        template = Template(model, spec, grid_cells, seed, strict, safe, shared, partial(why_not_direct,
+                            sourced=src is not None))  # fmt: skip
+        direct = Direct(template, list(spec)) if template.why_not is None else None
+        if direct is not None:
+            why = direct.why_not_shared if src is not None else None
+        else:
+            why = _why_not_rowwise(spec, grid_cells, src is not None)
+        k = cells_per_forward(batch_cells, len(grid_cells), batch_size or n, why)
         check_forward_rows(k * min(batch_size or n, n), *_row_values(model, data), "study.batch_cells")
-        filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k)
-        first = data.rows(0, 1)
-        probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
-        run = Run(model, plans, bound, data, src, labels, batch_size or n, k,
-                  shared_captures(filled, plans) if src is not None else None)  # fmt: skip
+        if direct is not None:  # the cells as edits at sites: checked on the first batch, before any runs
+            run = Run(model, [], bound, data, src, labels, batch_size or n, k, None, direct=direct)
+        else:
+            filled, plans = plan_cells(model, spec, grid_cells, seed, strict, safe, k, shared)
+            first = data.rows(0, 1)
+            probe_cells(model, plans, grid_cells, first if k == 1 else first.interleaved(k))
+            run = Run(model, plans, bound, data, src, labels, batch_size or n, k,
+                      shared_captures(filled, plans) if src is not None else None)  # fmt: skip
     else:
         flat = [m.name for m in bound if m.name in ("rank", "accuracy")]
         if flat:
@@ -194,7 +210,7 @@ def run_study(
     if scale is not None:
         run.baseline_plans = {label(end): compile_plan(model, {a: spec[a] for a in end}, seed=seed, strict=strict,
                                                        safe=safe) for end in scale.baselines()}  # fmt: skip
-    progress = progress or Progress.fresh([m.name for m in bound], len(run.plans), n)
+    progress = progress or Progress.fresh([m.name for m in bound], run.cells, n)
     rank, world = ranks or (0, 1)
     for number, group in enumerate(run.groups if world > 1 else []):
         if number % world != rank:  # another rank's cells: scored there, gathered below
@@ -239,12 +255,9 @@ def _gathered(
     return out
 
 
-def _cells_per_forward(
-    spec: dict[str, Any], grid_cells: list[dict[str, Any]], wanted: Any, rows: int, sourced: bool
-) -> int:
-    """How many cells share one forward (``batch_cells``): more than one only where every cell acts per row."""
-    why = next((w for cell in grid_cells if (w := why_not_rowwise(fill(spec, cell), sourced)) is not None), None)
-    return cells_per_forward(wanted, len(grid_cells), rows, why)
+def _why_not_rowwise(spec: dict[str, Any], grid_cells: list[dict[str, Any]], sourced: bool) -> str | None:
+    """Why the cells cannot share forwards by rows (``batch_cells``), or None."""
+    return next((w for cell in grid_cells if (w := why_not_rowwise(fill(spec, cell), sourced)) is not None), None)
 
 
 def _result(

@@ -168,3 +168,53 @@ def _changes(free: Fillers, cell: dict[str, Any]) -> Changes | None:
                 return None
         changes[name] = given
     return changes
+
+
+class Template:
+    """A patching study's cells as edits of a few compiled plans, derived when asked: memory flat in the cells.
+
+    Every cell is checked when this is built (as ``derive`` does: the first cell of each group compiled, each
+    other cell's index parsed) and nothing is kept per cell but what :meth:`edits` works out again; a cell that
+    must be compiled on its own (its group's first cell had a free field rewritten) keeps its plan.
+    """
+
+    def __init__(self, model: nn.Module, spec: dict[str, Any], cells: list[dict[str, Any]], seed: int, strict: bool,
+                 safe: bool, shared: Shared, allowed: Callable[[Plan], str | None]) -> None:  # fmt: skip
+        self.cells = cells
+        self.why_not: str | None = None  # why these cells cannot run as edits (``allowed`` said so of a plan)
+        self._options = {"seed": seed, "strict": strict, "safe": safe}
+        self._model, self._spec, self._shared = model, spec, shared
+        self._free, self._axes, self._free_axes = _free_fields(spec)
+        self.plans: dict[tuple[Any, ...], Plan] = {}  # each group's first cell's plan
+        self._firsts: dict[tuple[Any, ...], list[Edit]] = {}  # its edits, for the group's other cells
+        self.own: dict[int, Plan] = {}  # cells compiled on their own
+        for i, cell in enumerate(cells):
+            key = tuple(cell[a] for a in self._axes)
+            if key in self._firsts and _changes(self._free, cell) is not None:
+                continue  # derived from its group's first cell: nothing kept
+            plan = compiled(model, spec, cell, self._options, shared)
+            self.why_not = allowed(plan)
+            if self.why_not is not None:
+                return
+            if key not in self.plans and _free_kept(plan, self._free, cell):
+                self.plans[key], self._firsts[key] = plan, edits_of(plan, cell)
+            else:
+                self.own[i] = plan
+
+    def edits(self, i: int) -> list[Edit]:
+        """Cell ``i``'s edits (worked out again each time: only a group's first cell's are kept)."""
+        cell = self.cells[i]
+        if i in self.own:
+            return edits_of(self.own[i], cell)
+        first = self._firsts[tuple(cell[a] for a in self._axes)]
+        changed = _changes(self._free, cell)
+        assert changed is not None  # checked when built
+        return [e._replace(cell=cell, **changed.get(e.action, {})) for e in first]
+
+    def first_edits(self) -> list[list[Edit]]:
+        """The edits kept: each group's first cell's, and each cell compiled on its own's."""
+        return [*self._firsts.values(), *(edits_of(plan, self.cells[i]) for i, plan in self.own.items())]
+
+    def every_plan(self) -> list[Plan]:
+        """The plans kept: each group's first cell's and the cells compiled on their own."""
+        return [*self.plans.values(), *self.own.values()]

@@ -33,7 +33,8 @@ def plan_section(data: dict[str, Any] | None) -> tuple[list[str], list[list[str]
         "",
         "`scripts/bench/plan.py`. Trees of `layers.N` blocks (12 modules each: LayerNorms, q/k/v/o"
         " Linears, an MLP) built on the `meta` device (without `reset_parameters`, which on meta draws nothing;"
-        " the `build` column). Five actions compiled with `surgery.plan`:"
+        " the `build` column). Five actions compiled with `surgery.plan(..., reuse=False)` (compiled every time: the"
+        " plan cache would find the plan again, section 17):"
         " `capture select: layers.*.attn.[qk]`, `modify_output type: LayerNorm`, `capture select:"
         " **.mlp.fc2`, `log type: GELU`, `modify_output select: layers.* exclude: layers.1*`. Baseline:"
         " one `named_modules()` walk and one compiled regex per pattern per module, written by hand (the"
