@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scripts.bench.circuits import circuits_section
 from scripts.bench.common import ROOT, machine, version_of
 from scripts.bench.plan_cache import plan_cache_section
 from scripts.bench.report.attribution import attribution_section
@@ -35,7 +36,7 @@ from scripts.bench.sites import sites_section
 
 BENCHES = [
     "overhead", "plan", "memory", "compile", "startup", "data", "lm", "training", "meta", "ddp", "study", "attribution",
-    "splice", "harvest", "sites", "plan_cache",
+    "splice", "harvest", "sites", "plan_cache", "circuits",
 ]  # fmt: skip
 BUDGET_S = 600
 
@@ -79,8 +80,10 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
     h_md, h_t, h_m = harvest_section(load(results, "harvest"))
     z_md, z_t, z_m = sites_section(load(results, "sites"))
     r_md, r_t, r_m = plan_cache_section(load(results, "plan_cache"))
+    e_md, e_t, e_m = circuits_section(load(results, "circuits"))
     peer_t, peer_m = peers_target(overhead)
     targets = o_t + peer_t + p_t + r_t + c_t + s_t + d_t + l_t + t_t + x_t + g_t + y_t + u_t + a_t + v_t + h_t + z_t
+    targets += e_t
     lines = [
         "# Benchmarks",
         "",
@@ -112,6 +115,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         *table(["target", "wanted", "measured", ""], targets),
     ]
     misses = o_m + peer_m + p_m + r_m + c_m + s_m + d_m + l_m + t_m + x_m + g_m + y_m + u_m + a_m + v_m + h_m + z_m
+    misses += e_m
     if failed:
         misses.append(f"scripts that failed: {', '.join(failed)}")
     if total > BUDGET_S:
@@ -140,6 +144,7 @@ def render(results: Path, status: dict[str, Any], quick: bool) -> str:
         + h_md
         + z_md
         + r_md
+        + e_md
     )
     return "\n".join(lines).rstrip() + "\n"
 

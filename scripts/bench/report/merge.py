@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from scripts.bench.circuits import circuits_section
 from scripts.bench.plan_cache import plan_cache_section
 from scripts.bench.report.attribution import attribution_section
 from scripts.bench.report.gpu import gpu_section
@@ -36,6 +37,7 @@ MERGEABLE: dict[str, tuple[Section, str]] = {
     "harvest": (harvest_section, "harvest:"),
     "sites": (sites_section, "sites:"),
     "plan_cache": (plan_cache_section, "plan cache:"),
+    "circuits": (circuits_section, "circuits:"),
 }
 MISSES = "### Over a target, and why"
 
