@@ -9,8 +9,10 @@ For each kind of job (:data:`KINDS`), in a fresh work folder:
 1. the reference: the command run to completion (twice, unless ``references=1``: the two must agree, which
    shows the comparison below ignores nothing that changes by itself);
 2. per trial (seeded): the same command in a fresh folder, its whole process group SIGKILLed after a delay
-   drawn uniformly over the reference's duration (a quarter of the trials are killed a second time, while
-   the rerun resumes), then the command run again to completion in the same folder;
+   drawn uniformly over the reference's duration (a first kill that comes after the job finished is drawn
+   again, in an emptied folder, over the time the job took: a loaded machine makes references slow), a
+   quarter of the trials killed a second time while the rerun resumes, then the command run again to
+   completion in the same folder;
 3. after every kill, the killed folder is checked: every file present is either temporary (``write_atomic``'s
    ``.NAME.XXXXXXXX.tmp``, never read), a resume file that parses whole (``study.partial.safetensors``, an
    unfinished ``manifest.json``), or a finished file equal to the reference's; and the readers take nothing
@@ -133,18 +135,20 @@ def run_to_end(kind: Kind, root: Path, folder: Path, timeout: float = 600) -> tu
     return seconds, ""
 
 
-def run_and_kill(kind: Kind, root: Path, folder: Path, delay: float) -> bool:
-    """Start the command in ``folder``, SIGKILL its process group after ``delay`` s; whether it was still running."""
+def run_and_kill(kind: Kind, root: Path, folder: Path, delay: float) -> float | None:
+    """Start the command in ``folder``, SIGKILL its process group after ``delay`` s: None when it was still running
+    (the kill landed), else the seconds it took to finish first."""
     make_dir(folder, "faults")
+    started = time.perf_counter()
     process = subprocess.Popen(command(kind, root), cwd=folder, env=environment(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         process.wait(timeout=delay)
-        return False  # finished first
+        return time.perf_counter() - started  # finished first
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        return True
+        return None
 
 
 # ---------------------------------------------------------------- comparing
@@ -334,6 +338,9 @@ def reference_of(kind: Kind, root: Path, references: int = 2) -> tuple[dict[str,
     return reference, seconds, problems
 
 
+REDRAWS = 4  # a trial's kill is drawn again (over the time the job took) until it lands, this many times at most
+
+
 def trial(kind: Kind, root: Path, reference: dict[str, Path], duration: float, rng: random.Random, number: int,
           tally: Tally, keep: bool = False, times: int | None = None) -> None:  # fmt: skip
     """Kill the job once or twice (``times``) at random moments, rerun it to the end, compare; failures in ``tally``."""
@@ -345,10 +352,19 @@ def trial(kind: Kind, root: Path, reference: dict[str, Path], duration: float, r
     kills = times or (2 if twice else 1)
     problems: list[str] = []
     for k in range(kills):
-        delay = rng.uniform(0.0, duration)
-        tally.kills += 1
-        if run_and_kill(kind, root, folder, delay):
-            tally.landed += 1
+        delay, span = rng.uniform(0.0, duration), duration
+        # A first kill after the job finished tests nothing: the folder is emptied and the kill drawn again over the
+        # time the job took (a second kill may come after the resumed run finished: that is a rerun, compared too).
+        for _ in range(REDRAWS if k == 0 else 1):
+            tally.kills += 1
+            finished = run_and_kill(kind, root, folder, delay)
+            if finished is None:
+                tally.landed += 1
+                break
+            if k == 0:
+                remove_tree(folder)
+                span = min(span, finished)
+                delay = rng.uniform(0.0, span)
         found, temporary = killed_problems(reference, folder / "run")
         tally.temporary_left += temporary
         problems += [f"after kill {k + 1} at {delay:.2f} s: {p}" for p in found]

@@ -68,7 +68,7 @@ def tree_key(model: nn.Module) -> tuple[Any, ...]:
     while stack:
         module = stack.pop()
         children = module._modules
-        extend((id(module), type(module), *children))
+        extend((id(module), type(module), *children.keys()))  # keys(): a ScriptModule's dicts do not iterate
         for child in children.values():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
@@ -76,11 +76,11 @@ def tree_key(model: nn.Module) -> tuple[Any, ...]:
             add(id(child))
         params, buffers = module._parameters, module._buffers
         if params:
-            extend(("parameters", *params))
+            extend(("parameters", *params.keys()))
             for t in params.values():
                 extend((id(t), None) if t is None else (id(t), t.shape, t.dtype, t.device, t.requires_grad))
         if buffers:
-            extend(("buffers", *buffers))
+            extend(("buffers", *buffers.keys()))
             for b in buffers.values():
                 extend((id(b), None) if b is None else (id(b), b.shape, b.dtype, b.device))
     return tuple(out)
