@@ -133,28 +133,18 @@ def huge_model_dir(root: Path) -> list[str]:
     (model / "config.json").write_text(json.dumps(config))
     (start / "conf" / "experiment" / "x.yaml").write_text(
         "# @package _global_\nmodel: {path: model}\ninput: {kind: random}\n"
-    )  # safe=true refuses +model=hf's loader outright; a memory limit alone is what sizes the model
-    return ["-m", "surgery", "--config-dir", "conf", "+model=hf", "+experiment=x", "limits.memory_gb=8"]
+    )
+    return ["-m", "surgery", "--config-dir", "conf", "+model=hf", "+experiment=x", "safe=true"]
 
 
 def config_json_link(root: Path) -> list[str]:
     start = _layout(root)
     (start / "model").mkdir()
     (start / "model" / "config.json").symlink_to(root / "outside" / "secret.txt")
-    return _python("from surgery.lm.load import load_pretrained; load_pretrained('model')")
-
-
-def _python(code: str) -> list[str]:
-    """A Python API user's call under safe mode's limits: a refusal printed as the CLI prints it, exit 2.
-
-    (``+model=hf`` is not on safe mode's allowlist of loaders, so a model directory reaches surgery's checks
-    under the limits through Python, or through the CLI with a limit set by hand.)"""
-    wrapper = (
-        "import sys\nfrom surgery.core.limits import SAFE_DEFAULTS, enforced\nfrom surgery.errors import SurgeryError\n"
-        f"try:\n    with enforced(SAFE_DEFAULTS):\n        {code}\n"
-        "except SurgeryError as e:\n    print(f'error: {e}', file=sys.stderr)\n    sys.exit(2)\n"
+    (start / "conf" / "experiment" / "x.yaml").write_text(
+        "# @package _global_\nmodel: {path: model}\ninput: {kind: random}\n"
     )
-    return ["-c", wrapper]
+    return ["-m", "surgery", "--config-dir", "conf", "+model=hf", "+experiment=x", "safe=true"]
 
 
 def _corpus(root: Path, write: Callable[[Path], None]) -> list[str]:
