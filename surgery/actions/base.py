@@ -216,3 +216,10 @@ def input_at(args: tuple[Any, ...], kwargs: dict[str, Any], item: int | str, pos
         got = f"{len(args)} positional input(s) and keywords {sorted(kwargs)}"
         raise KeyedError("item", f"input {item!r} was not passed; the module got {got}")
     return args, at
+
+
+def with_input(args: tuple[Any, ...], kwargs: dict[str, Any], at: int | str, new: Any) -> tuple[Any, Any]:
+    """A forward pre-hook's ``(args, kwargs)`` with the input :func:`input_at` found at ``at`` replaced by ``new``."""
+    if isinstance(at, str):
+        return args, {**kwargs, at: new}
+    return (*args[:at], new, *args[at + 1 :]), kwargs

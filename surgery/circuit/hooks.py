@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import KeyedError, input_at
+from surgery.actions.base import KeyedError, input_at, with_input
 from surgery.circuit.graph import Graph
 from surgery.core.structure import get_item
 from surgery.errors import ConfigError
@@ -79,9 +79,7 @@ def hooked(
             senders.embed = new.detach() if detach else new
         if new is value:
             return None
-        if holder is kwargs:
-            return args, {**kwargs, at: new}
-        return (*args[:at], new, *args[at + 1 :]), kwargs
+        return with_input(args, kwargs, at, new)
 
     handles.append(graph.embed_at.register_forward_pre_hook(first_block, with_kwargs=True))
     if senders is not None:
@@ -106,9 +104,7 @@ def hooked(
                 new = change(r, holder[at])
                 if new is None:
                     return None
-                if holder is kwargs:
-                    return args, {**kwargs, at: new}
-                return (*args[:at], new, *args[at + 1 :]), kwargs
+                return with_input(args, kwargs, at, new)
 
             handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
     try:

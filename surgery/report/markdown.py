@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from surgery.files.write import write_text
+from surgery.report.page import number
 
 SHOWN_NAMES = 4  # matched names listed per plan row before "… (+N more)"
 SHORT_HASH = 12
@@ -311,15 +312,7 @@ def _cell(value: Any) -> str:
 
 
 def _number(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return number(value, missing="-")
 
 
 def _seconds(value: Any) -> str:

@@ -104,10 +104,10 @@ def table(head: list[str], rows: list[list[Any]], numeric: set[int] | frozenset[
     return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
-def number(value: Any) -> str:
+def number(value: Any, missing: str = "–") -> str:
     """A number as the page shows it (4 significant digits, like the script's ``fmt``); other values as text."""
     if value is None:
-        return "–"
+        return missing
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import KeyedError, input_at
+from surgery.actions.base import KeyedError, input_at, with_input
 from surgery.core.structure import get_item, replace_item
 from surgery.errors import ConfigError
 from surgery.study.edits import Key, Site
@@ -57,9 +57,7 @@ def record(sites: dict[Key, Site], into: dict[Key, torch.Tensor], replace: Repla
                 into[key] = new
                 if new is value:
                     return None
-                if holder is kwargs:
-                    return args, {**kwargs, at: new}
-                return (*args[:at], new, *args[at + 1 :]), kwargs
+                return with_input(args, kwargs, at, new)
 
             handles.append(site.module.register_forward_pre_hook(before, with_kwargs=True))
     return handles

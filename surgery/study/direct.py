@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.actions.base import KeyedError, input_at
+from surgery.actions.base import KeyedError, input_at, with_input
 from surgery.actions.sources import onto
 from surgery.core.compiler import Plan
 from surgery.core.structure import get_item, replace_item
@@ -215,9 +215,7 @@ def _hook(site: Site, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     def before(m: nn.Module, args: Any, kwargs: Any) -> Any:
         holder, at = input_at(args, kwargs, site.item, site.position)
         new = change(holder[at])
-        if holder is kwargs:
-            return args, {**kwargs, at: new}
-        return (*args[:at], new, *args[at + 1 :]), kwargs
+        return with_input(args, kwargs, at, new)
 
     return site.module.register_forward_pre_hook(before, with_kwargs=True)
 
