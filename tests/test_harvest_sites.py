@@ -26,15 +26,15 @@ def test_the_shipped_induction_model_is_harvested_under_site_names(tmp_path: Pat
                              context=8, batch_size=2, progress=False)  # fmt: skip
     sites = outcome.manifest["sites"]
     assert sites == {
-        "resid_pre.1": {"shape": [64], "module": "transformer.h.1"},
-        "resid_post.0": {"shape": [64], "module": "transformer.h.0"},
-        "resid_post.1": {"shape": [64], "module": "transformer.h.1"},
+        "resid_pre.1": {"shape": [64], "module": "model.layers.1"},
+        "resid_post.0": {"shape": [64], "module": "model.layers.0"},
+        "resid_post.1": {"shape": [64], "module": "model.layers.1"},
     }
     eos = model.config.eos_token_id
     rows = packed_by_hand(_with_eos(tok, eos), docs, 8)
     assert outcome.manifest["excluded_ids"] == sorted({eos, tok.pad_token_id, tok.bos_token_id})
     found: list[torch.Tensor] = []
-    hook = model.transformer.h[1].register_forward_pre_hook(lambda m, a, k: found.append(k["hidden_states"].clone())
+    hook = model.model.layers[1].register_forward_pre_hook(lambda m, a, k: found.append(k["hidden_states"].clone())
                                                             if "hidden_states" in k else found.append(a[0].clone()),
                                                             with_kwargs=True)  # fmt: skip
     with torch.no_grad():

@@ -137,7 +137,7 @@ def test_a_plain_run_page_has_the_plan_metrics_and_its_plots_inline(browser: Any
     report = run_job(composed("+model=induction_lm", "+actions=scale_attention", capture), tmp_path)
     opened = Opened(browser, tmp_path / "report.html")
     plan = opened.page.text_content("#plan")
-    assert "scale_attention" in plan and "transformer.h.0.attn, transformer.h.1.attn" in plan
+    assert "scale_attention" in plan and "model.layers.0.self_attn, model.layers.1.self_attn" in plan
     metrics = opened.page.locator("#metrics tr").all_inner_texts()
     found = report["metrics"]
     want = [g4(found[k]["perplexity"]) for k in ("unmodified", "surgered")] + [f"{found['delta']['perplexity']:+.4g}"]
@@ -279,9 +279,9 @@ def test_a_splice_page_lists_its_top_features_at_their_tokens(browser: Any, tmp_
 
     write_saelens(tmp_path / "sae", sae_tensors(64, 32))
     sae = tmp_path / "sae"
-    splice = f"+actions.sae={{kind: splice, select: transformer.h.1, module: {{path: '{sae}'}}, capture: true}}"
+    splice = f"+actions.sae={{kind: splice, select: model.layers.1, module: {{path: '{sae}'}}, capture: true}}"
     run_job(composed("+model=induction_lm", splice), tmp_path / "run")
-    acts = load_file(tmp_path / "run" / "captures.safetensors")["sae/transformer.h.1/features"]  # [1, positions, 32]
+    acts = load_file(tmp_path / "run" / "captures.safetensors")["sae/model.layers.1/features"]  # [1, positions, 32]
     peak = acts.amax(dim=(0, 1))
     feature = int(peak.argmax())
     pos = int(acts[0, :, feature].argmax())

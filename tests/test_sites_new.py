@@ -261,11 +261,11 @@ def test_attn_pattern_of_the_shipped_induction_model() -> None:
     from surgery.models.induction import induction_lm, repeated_sequences
 
     model = induction_lm()
-    ids, mask = repeated_sequences(2, torch.Generator().manual_seed(0))
+    ids, mask, _ = repeated_sequences(2, torch.Generator().manual_seed(0))
     with surgery.apply(model, {"p": {"kind": "capture", "select": "@attn_pattern.1", "head": 0}}) as s:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
-    assert torch.equal(s.captures["p"]["transformer.h.1.attn"].output, out.attentions[1][:, 0])
+    assert torch.equal(s.captures["p"]["model.layers.1.self_attn"].output, out.attentions[1][:, 0])
 
 
 @contextmanager
@@ -469,11 +469,11 @@ def test_the_induction_model_from_the_cli_job_captures_and_plots_its_patterns(tm
     out = tmp_path / "run"
     run_job(composed("+model=induction_lm", "+actions.p={kind:capture,select:'@attn_pattern.1',plot:true}",
                      "+actions.t={kind:capture,select:'blocks.0.hook_resid_post'}"), out)  # fmt: skip
-    assert (out / "plots" / "p__transformer.h.1.attn__output.png").stat().st_size > 0
+    assert (out / "plots" / "p__model.layers.1.self_attn__output.png").stat().st_size > 0
     saved = load_file(str(out / "captures.safetensors"))
-    pattern = next(v for k, v in saved.items() if k.startswith("p/transformer.h.1.attn/output"))
+    pattern = next(v for k, v in saved.items() if k.startswith("p/model.layers.1.self_attn/output"))
     assert pattern.shape[:2] == (1, 4) and torch.allclose(pattern.sum(-1), torch.ones(()))
-    assert any(k.startswith("t/transformer.h.0/output") for k in saved)
+    assert any(k.startswith("t/model.layers.0/output") for k in saved)
 
 
 def test_a_logit_lens_on_a_transformerlens_name_reads_its_site() -> None:
