@@ -107,7 +107,9 @@ def faithfulness_figure(result: CircuitResult) -> Any:
     ax = fig.add_subplot(1, 1, 1)
     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xscale("symlog", linthresh=1)
+    if total > 100:  # thousands of edges: the small circuits would crowd the left edge on a linear axis
+        ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(0, total * 1.03)
     ax.set_xlabel(f"edges kept (of {total}), by |score|")
     ax.set_ylabel(f"faithfulness ({name})")
     ax.set_title("1 = the unmodified model, 0 = every edge patched to its source value", fontsize=9)
