@@ -27,7 +27,7 @@ from surgery.core.output import say
 from surgery.core.schema import validate
 from surgery.errors import ConfigError
 from surgery.files.write import write_json, write_tensors, write_text
-from surgery.report import write_report_html
+from surgery.report import circuit_markdown, write_report_html
 
 
 def run_circuit_job(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -124,26 +124,6 @@ def _section(result: CircuitResult, examples: int, seconds: dict[str, float]) ->
         "faithfulness": result.faithfulness, "verify": result.verify,
         "files": {"tensors": "circuit.safetensors", "json": "circuit.json"}, "seconds": seconds,
     }  # fmt: skip
-
-
-def circuit_markdown(report: dict[str, Any], result: CircuitResult) -> str:
-    """report.md of a circuit study: the pictures, the top edges, the faithfulness of each pruned circuit."""
-    section = report["circuit"]
-    lines = [f"# surgery circuit: {result.method}, {section['edges']} edges ({section['nodes']}),"
-             f" {section['examples']} examples", ""]  # fmt: skip
-    lines += [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
-    lines += [f"| edge | {result.metrics[0]} effect | {result.metrics[0]} under the patch |", "|---|---|---|"]
-    lines += [f"| {e['sender']} → {e['receiver']} | {e['score']:.4g} | {e['value']:.4g} |" for e in result.ranked(10)]
-    if result.faithfulness:
-        lines += ["", "| edges kept | faithfulness |", "|---|---|"]
-        for row in result.faithfulness:
-            f = row["faithfulness"][result.metrics[0]]
-            lines.append(f"| {row['edges']} | {'n/a' if f is None else f'{f:.4f}'} |")
-    lines += [
-        "",
-        "Every edge: `circuit.json` (by |score|) and `circuit.safetensors` (`scores/METRIC`, `values/METRIC`).",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def _plain(node: Any) -> Any:
