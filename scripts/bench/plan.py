@@ -134,14 +134,14 @@ def plan_counts(model: nn.Module) -> list[int]:
 def breakdown(model: nn.Module) -> dict[str, float]:
     """Where ``surgery.plan`` spends its time: the module walk, the index, the plan warnings (internal names;
     a part whose function no longer exists is left out)."""
-    from surgery.core import compiler, select
+    from surgery.core import plan_warnings, select
 
     plan = surgery.plan(model, ACTIONS, reuse=False)
     parts: dict[str, Callable[[], Any]] = {"named_modules() walk": lambda: list(model.named_modules())}
     index_of = getattr(getattr(select, "ModuleIndex", None), "of", None)
     if callable(index_of):
         parts["ModuleIndex.of (surgery's walk: names, modules, classes)"] = lambda: index_of(model)
-    warnings = [getattr(compiler, name, None) for name in ("overlap_warnings", "partial_structure_warnings")]
+    warnings = [getattr(plan_warnings, name, None) for name in ("overlap_warnings", "partial_structure_warnings")]
     if all(callable(w) for w in warnings) and plan.index is not None:
         overlap, partial = warnings
         parts["plan warnings (when first read)"] = lambda: (overlap(plan.steps), partial(plan.steps, plan.index))  # type: ignore[misc]
