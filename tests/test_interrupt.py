@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import surgery.app.job as job_module
+import surgery.app.forwards as forwards_module
 from surgery.app.interrupt import Interrupted, Interrupts
 from surgery.app.job import run_job
 from tests.test_cli import composed
@@ -67,14 +67,14 @@ def test_a_complete_run_says_so(tmp_path: Path) -> None:
 def test_sigint_after_a_batch_stops_there_and_writes_what_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_shard = job_module.write_shard
+    write_shard = forwards_module.write_shard
 
     def signal_at_batch_2(surgery: Any, directory: Path, number: int) -> int:
         if number == 2:
             os.kill(os.getpid(), signal.SIGINT)
         return write_shard(surgery, directory, number)
 
-    monkeypatch.setattr(job_module, "write_shard", signal_at_batch_2)
+    monkeypatch.setattr(forwards_module, "write_shard", signal_at_batch_2)
     cfg = composed("+model=mlp", "+actions=capture", "+actions.capture.to=disk", "+input.batches=50")
     with pytest.raises(SystemExit) as caught:
         run_job(cfg, tmp_path)

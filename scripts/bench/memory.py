@@ -56,7 +56,7 @@ def child(mode: str, batches: int, directory: str) -> dict[str, Any]:
     import torch
 
     import surgery
-    from surgery.app.job import write_shard
+    from surgery.app.forwards import write_shard
     from surgery.models.cnn import CNN
 
     torch.set_num_threads(1)

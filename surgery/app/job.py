@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,49 +12,22 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from surgery.app.batches import Batch, Batches
-from surgery.app.inputs import loss_of
+from surgery.app.batches import Batches
+from surgery.app.forwards import run_batches, streamed_actions, unmodified_forward
 from surgery.app.interrupt import Interrupted, Interrupts, exit_code, remove_temporary_files
 from surgery.app.prepare import Job, Reached, prepare
 from surgery.app.report import difference, environment, fingerprint, first_tensor, output_tensors, stats
 from surgery.app.scoring import Scoring, summary
 from surgery.arch import lens_report, site_map_text, uses_sites
-from surgery.core.compiler import Plan, load_actions
+from surgery.core.compiler import load_actions
 from surgery.core.engine import Surgery, apply_plan
 from surgery.core.output import say
 from surgery.core.records import flatten_captures
-from surgery.core.schema import RunSettings
-from surgery.errors import ActionError, ConfigError, SurgeryError
 from surgery.files.checkpoints import load_checkpoint
 from surgery.files.gate import listing
-from surgery.files.write import expect_disk, write_json, write_tensors
+from surgery.files.write import write_json, write_tensors
 from surgery.report import write_report_html, write_report_md
 from surgery.vectors import Vector, summaries
-
-
-def forward(
-    model: nn.Module,
-    batch: Batch,
-    settings: RunSettings,
-    target: Any,
-    losses: list[float] | None = None,
-    loss_metric: Any = None,
-) -> Any:
-    """Run the model on one batch; with ``backward`` also the loss's backward pass (its value kept in ``losses``)."""
-    if not settings.backward:
-        with torch.no_grad():
-            return model(*batch.args, **batch.kwargs)
-    args = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in batch.args)  # token ids stay ints
-    output = model(*args, **batch.kwargs)
-    if loss_metric is not None:  # loss: {logit_diff: ...}, a per-example metric averaged over the examples
-        loss = loss_metric(first_tensor(output), batch.labels).mean()
-    else:
-        loss = loss_of(first_tensor(output), settings.loss, target)
-    if losses is not None:
-        losses.append(float(loss.detach()))
-    loss.backward()
-    return output
-
 
 OUTPUT_FILE_MAX_BYTES = 64 * 2**20  # batch 0's output is saved for replay up to this size
 
@@ -237,7 +209,7 @@ def surgered_run(
         state_after = fingerprint(model.state_dict())  # now: the dict holds live tensors
         saved = {k: v.detach().clone() for k, v in model.state_dict().items()} if settings.save_model else None
         output, output_print, done = run_batches(job, surgery, out_dir, scoring)
-        memory = {a: r for a, r in surgery.captures.items() if a not in _streamed(job.plan)}
+        memory = {a: r for a, r in surgery.captures.items() if a not in streamed_actions(job.plan)}
         captures = flatten_captures(memory)
         images = _plot(surgery, out_dir, _first_tokens(job.data))
         hooks = dict(surgery.hook_count)
@@ -304,87 +276,6 @@ def backward_record(job: Job, original: float | None) -> dict[str, Any]:
     return {"loss": job.settings.loss, "value": losses[0] if losses else None, "original": original, "mean": mean}
 
 
-def unmodified_forward(job: Job) -> Any:
-    """The model before surgery on batch 0; failing here is the input's fault, not the surgery's."""
-    try:
-        return forward(job.model, job.data.first, job.settings, target_of(job, job.data.first), job.losses,
-                       job.loss_metric)  # fmt: skip
-    except SurgeryError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"input: the model fails on this input before any surgery: {type(e).__name__}: {e}") from e
-
-
-def target_of(job: Job, batch: Batch) -> Any:
-    """What the loss compares with: a data set's labels, else ``input.target`` (text labels are token ids)."""
-    if batch.labels is not None and job.data.text is None:
-        return batch.labels
-    return job.input_spec.get("target")
-
-
-def surgered_forward(job: Job, batch: Batch) -> Any:
-    """The surgered model on one batch; failing outside our hooks means the surgery broke it: bad config."""
-    try:
-        return forward(job.model, batch, job.settings, target_of(job, batch), job.losses, job.loss_metric)
-    except SurgeryError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        changes = [
-            f"{s.name} on {', '.join(t.name for t in s.targets[:3])}{' …' if len(s.targets) > 3 else ''}"
-            for s in job.plan.steps
-            if s.enabled and not s.traits.observes
-        ]
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ActionError(
-            f"the model fails after the surgery ({'; '.join(changes) or 'no changing action'}):"
-            f" {type(e).__name__}: {first}"
-        ) from e
-
-
-def run_batches(job: Job, surgery: Surgery, out_dir: Path, scoring: Scoring | None = None) -> tuple[Any, str, int]:
-    """Every batch through the surgered model, scoring it and streaming disk captures after each.
-
-    Returns batch 0's output, the output fingerprint and how many batches ran: fewer than
-    ``job.batches`` when a signal asked to stop (checked after each batch, shard written).
-    """
-    clock = time.perf_counter()
-    first: Any = None
-    prints = []
-    shards = 0
-    with job.interrupts.deferring(), progress(job.data) as bar:
-        for batch, data in enumerate(job.data):
-            surgery.reset_calls()  # calls: counts per module within a batch
-            output = surgered_forward(job, data)
-            if scoring is not None:
-                scoring.update(surgery, data, output)
-            bar.update(scoring.last_examples if scoring is not None else _examples(data))
-            first = output if batch == 0 else first
-            prints.append(fingerprint(output))
-            shards += write_shard(surgery, out_dir / "captures", shards)
-            if batch == 0 and shards:  # as many shards as batches: a run that would pass limits.disk_gb stops now
-                size = os.path.getsize(out_dir / "captures" / "batch-00000.safetensors")
-                expect_disk((job.batches - 1) * size, f"actions.{min(_streamed(job.plan))}.to")
-            job.reached.done = batch + 1
-            if job.interrupts.requested:
-                break
-    job.timings["forward_s"] = time.perf_counter() - clock
-    return first, prints[0] if job.batches == 1 else fingerprint(prints), job.reached.done
-
-
-def write_shard(surgery: Surgery, directory: Path, number: int) -> int:
-    """Write the ``to: disk`` calls since the last shard to ``directory/batch-NNNNN.safetensors``; 1 if written."""
-    flat = surgery.take_streamed()
-    if not flat:
-        return 0
-    key = f"actions.{next(iter(flat)).split('/')[0]}.to"  # a refusal past limits.disk_gb names a capture to disk
-    write_tensors(directory / f"batch-{number:05d}.safetensors", flat, key)
-    return 1
-
-
-def _streamed(plan: Plan) -> set[str]:
-    return {s.name for s in plan.steps if s.enabled and s.streams}
-
-
 def _plot(surgery: Surgery, out_dir: Path, tokens: list[str] | None = None) -> list[Path]:
     if not surgery.plotted:
         return []
@@ -398,14 +289,6 @@ def _first_tokens(data: Batches) -> list[str] | None:
     if data.text is None or data.tokenizer is None:
         return None
     return [str(data.tokenizer.decode([int(t)])) for t in data.text.input_ids[0]]
-
-
-def progress(data: Batches) -> Any:
-    """A progress bar over the examples (with examples/s) on a terminal, for more than one batch; else silent."""
-    from tqdm import tqdm
-
-    shown = data.count > 1 and sys.stderr.isatty()
-    return tqdm(total=data.examples, unit="ex", desc="examples", file=sys.stderr, disable=not shown, leave=False)
 
 
 def summary_line(report: dict[str, Any], out_dir: Path) -> str:
@@ -422,11 +305,6 @@ def summary_line(report: dict[str, Any], out_dir: Path) -> str:
     if report["captures"]["shards"]:
         parts.append(f"{len(report['captures']['shards'])} capture shard(s)")
     return "; ".join(parts) + f"; wrote {out_dir}"
-
-
-def _examples(batch: Batch) -> int:
-    first = (*batch.args, *batch.kwargs.values())
-    return int(first[0].shape[0]) if first and first[0].dim() else 1
 
 
 def _counts(model: nn.Module) -> tuple[int, int]:
