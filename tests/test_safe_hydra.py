@@ -22,8 +22,9 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from omegaconf import OmegaConf
 
-from surgery.app import hydra_hooks
-from surgery.app.hydra_hooks import check_composed, printable
+from surgery.app import hydra_hooks, hydra_messages
+from surgery.app.hydra_hooks import check_composed
+from surgery.app.hydra_messages import printable
 from surgery.core.paths import config_dir
 from surgery.errors import ConfigError
 from surgery.safe.hydra_tree import check_sweep_size
@@ -407,17 +408,17 @@ def test_interpolations_that_resolve_small_pass_without_safe_even_with_resolvers
 @pytest.mark.parametrize("name", ["a\nerror: forged", "a\x1b[31mred", "a\rb", "a\u2028b", "tab\there"])
 def test_refusals_escape_control_characters(name: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
-        hydra_hooks.refuse(f"actions.{name}: refused")
+        hydra_messages.refuse(f"actions.{name}: refused")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b" not in err and "\r" not in err and err.startswith("error: actions.")
     assert printable("ok: plain text") == "ok: plain text"
 
 
 def test_our_messages_for_hydra_failures() -> None:
-    assert "nested too deeply" in (hydra_hooks._message(RecursionError()) or "")
-    unwritable = hydra_hooks._message(PermissionError(13, "Permission denied", "/proc/x"))
+    assert "nested too deeply" in (hydra_messages.hydra_message(RecursionError()) or "")
+    unwritable = hydra_messages.hydra_message(PermissionError(13, "Permission denied", "/proc/x"))
     assert unwritable is not None and unwritable.startswith("/proc/x: cannot write the run directory there")
-    assert hydra_hooks._message(ConfigError("actions.a: bad")) == "actions.a: bad"
+    assert hydra_messages.hydra_message(ConfigError("actions.a: bad")) == "actions.a: bad"
 
 
 # ---------------------------------------------------------------- the real command line
@@ -537,4 +538,4 @@ def test_a_missing_config_is_not_mistaken_for_an_unwritable_run_directory() -> N
     from hydra.errors import MissingConfigException
 
     missing = MissingConfigException("Could not find 'hydra/launcher/nope'", "hydra/launcher/nope")
-    assert "run directory" not in (hydra_hooks._message(missing) or "")
+    assert "run directory" not in (hydra_messages.hydra_message(missing) or "")

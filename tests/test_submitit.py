@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from surgery.app import hydra_hooks
+from surgery.app import hydra_messages
 from surgery.app import sweep as surgery_sweep
 from surgery.app.cli import InternalFailure
 from surgery.core.paths import config_dir
@@ -162,7 +162,7 @@ def failing_with(stream: str) -> None:
     def launch() -> None:
         raise error
 
-    hydra_hooks._translating(lambda call: call())(launch)
+    hydra_messages.translating(lambda call: call())(launch)
 
 
 def test_an_internal_failure_in_a_job_exits_1_with_its_traceback(capsys: pytest.CaptureFixture[str]) -> None:

@@ -90,7 +90,7 @@ def _job(cfg: DictConfig) -> None:
             print(usage(_user_options))
             return
         models = ", ".join(_user_options("model"))
-        from surgery.app.hydra_hooks import refuse
+        from surgery.app.hydra_messages import refuse
 
         refuse(f"model: no model chosen; add +model=NAME (models: {models})")
 
@@ -103,12 +103,12 @@ def _job(cfg: DictConfig) -> None:
     except SurgeryError as e:
         if verbose:
             traceback.print_exc()
-        from surgery.app.hydra_hooks import printable
+        from surgery.app.hydra_messages import printable
 
         print(f"error: {printable(str(e))}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except RecursionError:
-        from surgery.app.hydra_hooks import NESTED_TOO_DEEPLY, refuse
+        from surgery.app.hydra_messages import NESTED_TOO_DEEPLY, refuse
 
         refuse(NESTED_TOO_DEEPLY)
     except Exception:
@@ -183,7 +183,7 @@ def main() -> None:
     except InternalFailure:
         sys.exit(EXIT_INTERNAL)
     except RecursionError:  # a config nested thousands deep, met outside Hydra's own error handling
-        from surgery.app.hydra_hooks import NESTED_TOO_DEEPLY, refuse
+        from surgery.app.hydra_messages import NESTED_TOO_DEEPLY, refuse
 
         refuse(NESTED_TOO_DEEPLY)
     except BrokenPipeError:  # e.g. --help | head: the reader left; say nothing more

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         old_report, new_report = replay(run_dir, out_dir, trust=args.trust)
     except (ReplayError, SurgeryError, OmegaConfBaseException, RecursionError) as e:
-        from surgery.app.hydra_hooks import NESTED_TOO_DEEPLY, printable
+        from surgery.app.hydra_messages import NESTED_TOO_DEEPLY, printable
 
         text = NESTED_TOO_DEEPLY if isinstance(e, RecursionError) else str(e)
         hint = ""

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         notes: list[str] = []
         written = write_collected(Path(args.dir), jobs, args.metric, args.x, not args.no_plot, notes)
     except (SweepError, RecursionError) as e:
-        from surgery.app.hydra_hooks import printable
+        from surgery.app.hydra_messages import printable
 
         why = str(e) if isinstance(e, SweepError) else f"{args.dir}: a report nested too deeply to summarise"
         print(f"error: {printable(why)}", file=sys.stderr)
