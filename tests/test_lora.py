@@ -151,8 +151,21 @@ def adapter(directory: Path, config: dict | None = None, tensors: dict | None = 
         ({"use_dora": True}, {}, {}, "actions.l.init.from: {cfg!r} has use_dora True"),
         ({"peft_type": "IA3"}, {}, {}, "actions.l.init.from: {cfg!r} has peft_type 'IA3'"),
         ({}, {"base_model.model.fc1.lora_embedding_A": torch.ones(2)}, {}, "actions.l.init.from: {st!r} holds"),
+        (
+            {"rank_pattern": {"fc(1|2)": 3}},
+            {},
+            {},
+            "actions.l.init.from: {cfg!r} has rank_pattern key 'fc(1|2)', a regular expression kind: lora does not",
+        ),
+        (
+            {"rank_pattern": {"fc2": 3}},
+            {},
+            {},
+            "actions.l.init.from: base_model.model.fc2.lora_A.weight in {dir!r} has shape [2, 8], but 'fc2' at r=3",
+        ),
+        ({"alpha_pattern": {"fc2": 8}}, {}, {"alpha": 4}, "actions.l.alpha: 4.0 contradicts the adapter"),
     ],
-    ids=["r", "shape", "missing", "unselected", "dora", "ia3", "other-key"],
+    ids=["r", "shape", "missing", "unselected", "dora", "ia3", "other-key", "regex", "pattern-shape", "pattern-alpha"],
 )
 def test_an_adapter_that_does_not_fit_is_refused_in_one_line(
     tmp_path: Path, config: dict, tensors: dict, keys: dict, message: str
@@ -182,6 +195,9 @@ def test_format_peft_refuses_what_an_adapter_cannot_hold(tmp_path: Path) -> None
             s.save_added(tmp_path / "a", format="peft")
         with pytest.raises(ConfigError, match=r"^save_added.format: unknown save_added format 'pef'. Did you mean"):
             s.save_added(tmp_path / "a", format="pef")
+    two = {**lora(select="fc1"), "m": {"kind": "lora", "select": "fc2", "r": 2, "alpha": 4, "dropout": 0.1}}
+    with surgery.apply(model, two) as s, pytest.raises(ConfigError, match=r"one lora_dropout, but these lora actions"):
+        s.save_added(tmp_path / "a", format="peft")
     mixed = {**lora(select="fc1"), "b": {"kind": "add_parameter", "select": "fc1", "name": "s", "shape": [1]}}
     with surgery.apply(model, mixed) as s, pytest.raises(ConfigError, match=r"the recipe adds 'fc1.s' too"):
         s.save_added(tmp_path / "a", format="peft")

@@ -7,6 +7,8 @@ scripts/setup installs peft (``pip install 'surgery[compare]'``), so these run i
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,39 @@ def test_an_adapter_peft_saved_loads_with_init_from(family: Any, tmp_path: Path)
         assert torch.equal(logits(model), logits(theirs))
         settings = {tuple(sorted(live.items())) for live in s.plan.steps[0].live.values()}
         assert {dict(t)["r"] for t in settings} == {3} and {dict(t)["dropout"] for t in settings} == {0.05}
+
+
+def test_loras_of_different_ranks_save_as_one_adapter_with_patterns(family: Any, tmp_path: Path) -> None:
+    """The most common (r, alpha) is the adapter's; the other modules go to rank_pattern / alpha_pattern."""
+    name, base = family
+    first, *rest = SITES[name]
+    model = copy.deepcopy(base)
+    recipe = {"wide": {"kind": "lora", "select": first, "r": 4, "alpha": 3},
+              "thin": {"kind": "lora", "select": rest, "r": 2, "alpha": 4}}  # fmt: skip
+    with surgery.apply(model, recipe) as s:
+        randomize_b(s.added_state_dict().items())
+        ours = logits(model)
+        s.save_added(tmp_path / "adapter", format="peft")
+        wide = [t.name for t in s.plan.steps[0].targets]
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (2, 4)
+    assert config["rank_pattern"] == {re.escape(m): 4 for m in wide} and set(config["alpha_pattern"].values()) == {3}
+    theirs = peft.PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "adapter").eval()
+    torch.testing.assert_close(logits(theirs), ours, atol=1e-6, rtol=0)
+
+
+def test_an_adapter_with_patterns_peft_saved_loads_with_init_from(family: Any, tmp_path: Path) -> None:
+    name, base = family
+    first = PEFT_TARGETS[name][0]  # its modules: r 4 and alpha 7 by a pattern keyed by the name's end
+    config = peft.LoraConfig(r=2, lora_alpha=3, target_modules=PEFT_TARGETS[name], rank_pattern={first: 4},
+                             alpha_pattern={first: 7}, fan_in_fan_out=name == "gpt2")  # fmt: skip
+    theirs = peft.get_peft_model(copy.deepcopy(base), config).eval()
+    randomize_b(theirs.named_parameters())
+    theirs.save_pretrained(tmp_path / "peft")
+    model = copy.deepcopy(base)
+    recipe = {"lora": {"kind": "lora", "select": SITES[name], "init": {"from": str(tmp_path / "peft")}}}
+    with surgery.apply(model, recipe) as s:
+        assert torch.equal(logits(model), logits(theirs))
+        ranks = {module: (live["r"], live["alpha"]) for module, live in s.plan.steps[0].live.items()}
+    assert {v for m, v in ranks.items() if m.endswith("." + first)} == {(4, 7.0)}
+    assert {v for m, v in ranks.items() if not m.endswith("." + first)} == {(2, 3.0)}

@@ -97,20 +97,23 @@ def widths(target: Target, where: str) -> tuple[int, int]:
     )
 
 
-def settings(cfg: LoraAction, adapter: Adapter | None, where: str) -> tuple[int, float, float]:
-    """(r, alpha, dropout): the action's, else the adapter's; an action value the adapter contradicts is refused."""
+def settings(cfg: LoraAction, adapter: Adapter | None, module: str, where: str) -> tuple[int, float, float]:
+    """(r, alpha, dropout) of ``module``: the action's, else the adapter's (its patterns included); an action value
+    the adapter contradicts is refused."""
     if adapter is None:
         assert cfg.r is not None and cfg.alpha is not None  # the schema requires them without init.from
         return cfg.r, float(cfg.alpha), float(cfg.dropout or 0.0)
+    r, alpha = adapter.settings_for(module)
     given = {"r": cfg.r, "alpha": cfg.alpha, "dropout": cfg.dropout}
-    theirs = {"r": adapter.r, "alpha": adapter.alpha, "dropout": adapter.dropout}
+    theirs = {"r": r, "alpha": alpha, "dropout": adapter.dropout}
     for key, value in given.items():
         if value is not None and float(value) != float(theirs[key]):
+            patterned = f" for {module!r}" if adapter.ranks or adapter.alphas else ""
             raise ConfigError(
                 f"{where}.{key}: {value} contradicts the adapter {adapter.path!r}, whose adapter_config.json says"
-                f" {theirs[key]}; drop {key} (the adapter's is used) or give its value"
+                f" {theirs[key]}{patterned}; drop {key} (the adapter's is used) or give its value"
             )
-    return adapter.r, adapter.alpha, adapter.dropout
+    return r, alpha, adapter.dropout
 
 
 def lora_hook(action: str, name: str, a: nn.Parameter, b: nn.Parameter, scaling: float, p: float) -> Any:
@@ -142,10 +145,11 @@ class Lora(Kind):
     def bind(self, cfg: Any, targets: list[Target], ctx: BindContext) -> Step:
         """Check each module is a Linear or Conv1D with free names and the adapter (if any) fits it; touch nothing."""
         adapter = read_adapter(cfg.init.from_, f"{ctx.where}.init.from") if cfg.init.from_ is not None else None
-        r, alpha, dropout = settings(cfg, adapter, ctx.where)
-        plans: list[tuple[Target, tuple[int, int], torch.dtype, torch.device, Any]] = []
+        plans: list[tuple[Target, tuple[int, int, int], torch.dtype, torch.device, Any]] = []
+        live: dict[str, dict[str, Any]] = {}
         for target in targets:
             module = target.module
+            r, alpha, dropout = settings(cfg, adapter, target.name, ctx.where)
             fan_in, fan_out = widths(target, ctx.where)
             taken = ctx.added.get(id(module), {})
             for name in NAMES:
@@ -157,17 +161,18 @@ class Lora(Kind):
             weight = weight_of(module)
             dtype = weight.dtype if weight.is_floating_point() else torch.get_default_dtype()
             loaded = adapter.pair(target.name, (r, fan_in), (fan_out, r)) if adapter is not None else None
-            plans.append((target, (fan_in, fan_out), dtype, weight.device, loaded))
+            plans.append((target, (r, fan_in, fan_out), dtype, weight.device, loaded))
+            live[target.name] = {"r": r, "alpha": alpha, "dropout": dropout, "conv1d": is_conv1d(module)}
             added = ctx.added.setdefault(id(module), {})
             added["lora_A"] = TensorSpec((r, fan_in), dtype, "parameters")
             added["lora_B"] = TensorSpec((fan_out, r), dtype, "parameters")
         if adapter is not None:
             adapter.check_covered([t.name for t in targets], ctx.where)
-        action, seed, scaling, train = ctx.name, ctx.seed, alpha / r, cfg.requires_grad
+        action, seed, train = ctx.name, ctx.seed, cfg.requires_grad
 
         def apply(ledger: Ledger) -> None:
             generators: dict[torch.device, torch.Generator] = {}
-            for target, (fan_in, fan_out), dtype, device, loaded in ledger.each(action, plans, lambda p: p[0].name):
+            for target, (r, fan_in, fan_out), dtype, device, loaded in ledger.each(action, plans, lambda p: p[0].name):
                 a = torch.empty((r, fan_in), dtype=dtype, device=device)
                 b = torch.zeros((fan_out, r), dtype=dtype, device=device)
                 with torch.no_grad():
@@ -181,12 +186,11 @@ class Lora(Kind):
                 pa, pb = nn.Parameter(a, requires_grad=train), nn.Parameter(b, requires_grad=train)
                 ledger.add_tensor(target.module, "lora_A", pa, "parameters")
                 ledger.add_tensor(target.module, "lora_B", pb, "parameters")
-                hook = lora_hook(action, target.name, pa, pb, scaling, dropout)
+                found = live[target.name]
+                hook = lora_hook(action, target.name, pa, pb, found["alpha"] / r, found["dropout"])
                 ledger.hook(target.module.register_forward_hook, hook)
 
         names = [full_name(t, n) for t in targets for n in NAMES]
         step = Step(ctx.name, self.name, self.mechanism, cfg, targets, apply, names, added=NAMES)
-        step.live.update(
-            {t.name: {"r": r, "alpha": alpha, "dropout": dropout, "conv1d": is_conv1d(t.module)} for t in targets}
-        )
+        step.live.update(live)
         return step

@@ -2,15 +2,18 @@
 ``peft``): ``adapter_config.json`` and ``adapter_model.safetensors`` keyed ``base_model.model.MODULE.lora_A.weight``
 and ``...lora_B.weight``, as ``PeftModel.save_pretrained`` writes them and ``PeftModel.from_pretrained`` reads them.
 
-Only what ``kind: lora`` computes is accepted: a LoRA (``peft_type: LORA``) on Linear/Conv1D layers, one ``r``,
-``lora_alpha`` and ``lora_dropout``, no DoRA, rsLoRA, biases, per-module patterns or extra saved modules; anything
-else is refused in one line naming the key. Every read and write goes through ``surgery.files``.
+Only what ``kind: lora`` computes is accepted: a LoRA (``peft_type: LORA``) on Linear/Conv1D layers, one
+``lora_dropout``, ``r`` and ``lora_alpha`` per module (``rank_pattern`` / ``alpha_pattern`` keyed by module names, as
+PEFT matches them), no DoRA, rsLoRA, biases or extra saved modules; anything else is refused in one line naming the
+key. Every read and write goes through ``surgery.files``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +30,17 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 # adapter_config.json keys that change what PEFT computes, and the value under which it computes what lora does
-PLAIN = {"use_dora": False, "use_rslora": False, "lora_bias": False, "bias": "none", "rank_pattern": {},
-         "alpha_pattern": {}, "modules_to_save": None, "target_parameters": None, "layer_replication": None,
-         "trainable_token_indices": None, "use_qalora": False, "alora_invocation_tokens": None}  # fmt: skip
+PLAIN = {"use_dora": False, "use_rslora": False, "lora_bias": False, "bias": "none", "modules_to_save": None,
+         "target_parameters": None, "layer_replication": None, "trainable_token_indices": None, "use_qalora": False,
+         "alora_invocation_tokens": None}  # fmt: skip
 # transformers head classes (by name ending) -> PEFT's task_type
 TASK_TYPES = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
               ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"),
               ("ForSeq2SeqLM", "SEQ_2_SEQ_LM"))  # fmt: skip
+PATTERNS = ("rank_pattern", "alpha_pattern")
+# a pattern key kind: lora evaluates: a module name or its dotted tail, dots escaped or not (PEFT matches each key as
+# the regular expression (.*\.)?(KEY)$); wider regular expressions are refused, so no file runs an expensive one
+NAME_KEY = re.compile(r"\^?(?:[A-Za-z0-9_]|\\?[.\-])+")
 
 
 def peft_key(module: str, which: str) -> str:
@@ -51,6 +58,13 @@ class Adapter:
     alpha: float
     dropout: float
     tensors: dict[str, torch.Tensor]
+    ranks: dict[str, int] = field(default_factory=dict)  # rank_pattern: {key: r}
+    alphas: dict[str, float] = field(default_factory=dict)  # alpha_pattern: {key: lora_alpha}
+
+    def settings_for(self, module: str) -> tuple[int, float]:
+        """``(r, alpha)`` of ``module``: the first pattern key matching it as PEFT matches them, else the default."""
+        r = next((v for k, v in self.ranks.items() if _matches(k, module)), self.r)
+        return r, next((v for k, v in self.alphas.items() if _matches(k, module)), self.alpha)
 
     @property
     def modules(self) -> list[str]:
@@ -59,6 +73,7 @@ class Adapter:
 
     def pair(self, module: str, a_shape: tuple[int, int], b_shape: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """``(lora_A, lora_B)`` for ``module``, shapes checked; a missing key or other shape is a ConfigError."""
+        r = a_shape[0]
         found = []
         for which, shape in (("lora_A", a_shape), ("lora_B", b_shape)):
             key = peft_key(module, which)
@@ -71,7 +86,7 @@ class Adapter:
                 )
             if tuple(tensor.shape) != shape:
                 raise ConfigError(
-                    f"{self.where}: {key} in {self.path!r} has shape {list(tensor.shape)}, but {module!r} at r={self.r}"
+                    f"{self.where}: {key} in {self.path!r} has shape {list(tensor.shape)}, but {module!r} at r={r}"
                     f" needs {list(shape)}"
                 )
             found.append(tensor)
@@ -115,6 +130,12 @@ def read_adapter(path: str, where: str) -> Adapter:
     dropout = gate.finite(config.get("lora_dropout", 0.0), f"{said}: lora_dropout", 0.0, 1.0)
     if dropout >= 1.0:
         raise ConfigError(f"{said} has lora_dropout {dropout}; a probability in [0, 1)")
+    ranks = {
+        key: gate.whole(v, f"{said}: rank_pattern.{key}", 1, 2**31) for key, v in _pattern(config, 0, said).items()
+    }
+    alphas = {
+        key: float(gate.finite(v, f"{said}: alpha_pattern.{key}")) for key, v in _pattern(config, 1, said).items()
+    }
     weights_file = gate.member(found, WEIGHTS_FILE, where, "the adapter's weights")
     tensors = read_tensors(weights_file, where)
     for key, tensor in tensors.items():
@@ -125,7 +146,27 @@ def read_adapter(path: str, where: str) -> Adapter:
             )
         if not tensor.is_floating_point() or tensor.dim() != 2:
             raise ConfigError(f"{where}: {key} in {str(weights_file)!r} is not a floating-point matrix")
-    return Adapter(path, where, r, float(alpha), float(dropout), tensors)
+    return Adapter(path, where, r, float(alpha), float(dropout), tensors, ranks, alphas)
+
+
+def _pattern(config: dict[str, Any], which: int, said: str) -> dict[str, Any]:
+    """``rank_pattern`` (0) or ``alpha_pattern`` (1) of an adapter config: {module name key: value}, keys checked."""
+    name = PATTERNS[which]
+    found = config.get(name) or {}
+    if not isinstance(found, dict):
+        raise ConfigError(f"{said} has {name} {found!r}; a mapping of module names to values")
+    for key in found:
+        if not (isinstance(key, str) and NAME_KEY.fullmatch(key)):
+            raise ConfigError(
+                f"{said} has {name} key {key!r}, a regular expression kind: lora does not evaluate; key it by module"
+                " names (model.layers.0.self_attn.q_proj) or their dotted ends (q_proj)"
+            )
+    return found
+
+
+def _matches(key: str, module: str) -> bool:
+    """PEFT's rule (``peft.utils.other.get_pattern_key``): the key, a regular expression, matches the name's end."""
+    return re.match(rf"(.*\.)?({key})$", module) is not None
 
 
 def task_type(model: Any) -> str | None:
@@ -153,14 +194,17 @@ def save_peft(surgery: Any, path: Path) -> None:
             f"save_added.format: peft holds LoRA weights only, but the recipe adds {others[0]!r} too; save with"
             " format: safetensors, or keep that action out of the recipe"
         )
-    settings = {(live["r"], live["alpha"], live["dropout"]) for s in steps for live in s.live.values()}
-    if len(settings) > 1:
-        shown = "; ".join(f"r={r}, alpha={a}, dropout={d}" for r, a, d in sorted(settings))
+    live = {name: settings for step in steps for name, settings in step.live.items()}
+    dropouts = sorted({settings["dropout"] for settings in live.values()})
+    if len(dropouts) > 1:
         raise ConfigError(
-            f"save_added.format: a PEFT adapter has one r, lora_alpha and lora_dropout, but these lora actions differ"
-            f" ({shown}); save each in its own surgery"
+            f"save_added.format: a PEFT adapter has one lora_dropout, but these lora actions differ ({dropouts}); save"
+            " each in its own surgery"
         )
-    ((r, alpha, dropout),) = settings
+    dropout = dropouts[0]
+    (r, alpha), _ = Counter((s["r"], s["alpha"]) for s in live.values()).most_common(1)[0]  # the rest: patterns
+    rank_pattern = {re.escape(name): s["r"] for name, s in live.items() if s["r"] != r}
+    alpha_pattern = {re.escape(name): _number(s["alpha"]) for name, s in live.items() if s["alpha"] != alpha}
     tensors: dict[str, torch.Tensor] = {}
     targets: list[str] = []
     conv1d = False
@@ -172,13 +216,18 @@ def save_peft(surgery: Any, path: Path) -> None:
                 tensors[peft_key(target.name, which)] = target.module._parameters[which].detach()
     config = {
         "peft_type": "LORA", "task_type": task_type(surgery.model), "base_model_name_or_path": base_name(surgery.model),
-        "r": r, "lora_alpha": alpha if not float(alpha).is_integer() else int(alpha), "lora_dropout": dropout,
+        "r": r, "lora_alpha": _number(alpha), "lora_dropout": dropout,
         "target_modules": targets, "fan_in_fan_out": conv1d, "bias": "none", "init_lora_weights": True,
         "inference_mode": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
-        "rank_pattern": {}, "alpha_pattern": {},
+        "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
     }  # fmt: skip
-    if not math.isfinite(alpha):
+    if not all(math.isfinite(s["alpha"]) for s in live.values()):
         raise ConfigError(f"save_added.format: lora_alpha {alpha} is not a finite number")
     directory = make_dir(path, "save_added.path")
     write_json(directory / CONFIG_FILE, config, "save_added.path")
     write_tensors(directory / WEIGHTS_FILE, tensors, "save_added.path")
+
+
+def _number(value: float) -> float | int:
+    """A whole float as an int (``4.0`` → ``4``), as PEFT's configs write lora_alpha."""
+    return int(value) if float(value).is_integer() else value
