@@ -212,6 +212,22 @@ def tokenizer_regex(root: Path) -> list[str]:
     return ["-m", "surgery", "--config-dir", "conf", "+model=induction_lm", "+experiment=x", "safe=true"]
 
 
+def adapter_regex(root: Path) -> list[str]:
+    start = _layout(root)
+    adapter = start / "adapter"
+    adapter.mkdir()
+    pattern = {"(a+)+$": 4}  # backtracks exponentially on a long name of a's, were it evaluated
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "rank_pattern": pattern}
+    ))  # fmt: skip
+    _tensor_file(adapter / "adapter_model.safetensors")
+    (start / "conf" / "experiment" / "x.yaml").write_text(
+        "# @package _global_\nactions:\n  l: {kind: lora, select: 'model.layers.*.self_attn.q_proj',"
+        " init: {from: adapter}}\n"
+    )
+    return ["-m", "surgery", "--config-dir", "conf", "+model=induction_lm", "+experiment=x", "safe=true"]
+
+
 def alias_bomb(root: Path) -> list[str]:
     start = _layout(root)
     run = start / "their_run"
@@ -254,6 +270,7 @@ CASES = [
     Case("cfg_nan", "hostile contents", cfg_nan, fragment="NaN"),
     Case("cfg_huge", "hostile contents", cfg_huge, fragment="MiB"),
     Case("tokenizer_regex", "hostile contents", tokenizer_regex, fragment="native library"),
+    Case("adapter_regex", "hostile contents", adapter_regex, fragment="a regular expression kind: lora does not"),
     Case("alias_bomb", "hostile contents", alias_bomb),
 ]
 
