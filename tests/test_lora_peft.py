@@ -62,19 +62,24 @@ def test_saved_with_format_peft_loads_in_peft_to_the_same_logits(family: Any, tm
     torch.testing.assert_close(logits(theirs), ours, atol=1e-6, rtol=0)
 
 
-def test_an_adapter_peft_saved_loads_with_init_from(family: Any, tmp_path: Path) -> None:
+def loaded_from_peft(family: Any, directory: Path, **config: Any) -> dict[str, dict[str, Any]]:
+    """PEFT's adapter of ``config`` (B random) saved, then read with ``init: {from}``: the same logits bit for bit;
+    each module's settings as the recipe read them."""
     name, base = family
-    config = peft.LoraConfig(r=3, lora_alpha=5, target_modules=PEFT_TARGETS[name], lora_dropout=0.05,
-                             fan_in_fan_out=name == "gpt2")  # fmt: skip
-    theirs = peft.get_peft_model(copy.deepcopy(base), config).eval()
+    config = {"target_modules": PEFT_TARGETS[name], "fan_in_fan_out": name == "gpt2", **config}
+    theirs = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(**config)).eval()
     randomize_b(theirs.named_parameters())
-    theirs.save_pretrained(tmp_path / "peft")
+    theirs.save_pretrained(directory)
     model = copy.deepcopy(base)
-    recipe = {"lora": {"kind": "lora", "select": SITES[name], "init": {"from": str(tmp_path / "peft")}}}
+    recipe = {"lora": {"kind": "lora", "select": SITES[name], "init": {"from": str(directory)}}}
     with surgery.apply(model, recipe) as s:
         assert torch.equal(logits(model), logits(theirs))
-        settings = {tuple(sorted(live.items())) for live in s.plan.steps[0].live.values()}
-        assert {dict(t)["r"] for t in settings} == {3} and {dict(t)["dropout"] for t in settings} == {0.05}
+        return dict(s.plan.steps[0].live)
+
+
+def test_an_adapter_peft_saved_loads_with_init_from(family: Any, tmp_path: Path) -> None:
+    live = loaded_from_peft(family, tmp_path / "peft", r=3, lora_alpha=5, lora_dropout=0.05)
+    assert {(s["r"], s["dropout"]) for s in live.values()} == {(3, 0.05)}
 
 
 def test_loras_of_different_ranks_save_as_one_adapter_with_patterns(family: Any, tmp_path: Path) -> None:
@@ -97,17 +102,9 @@ def test_loras_of_different_ranks_save_as_one_adapter_with_patterns(family: Any,
 
 
 def test_an_adapter_with_patterns_peft_saved_loads_with_init_from(family: Any, tmp_path: Path) -> None:
-    name, base = family
-    first = PEFT_TARGETS[name][0]  # its modules: r 4 and alpha 7 by a pattern keyed by the name's end
-    config = peft.LoraConfig(r=2, lora_alpha=3, target_modules=PEFT_TARGETS[name], rank_pattern={first: 4},
-                             alpha_pattern={first: 7}, fan_in_fan_out=name == "gpt2")  # fmt: skip
-    theirs = peft.get_peft_model(copy.deepcopy(base), config).eval()
-    randomize_b(theirs.named_parameters())
-    theirs.save_pretrained(tmp_path / "peft")
-    model = copy.deepcopy(base)
-    recipe = {"lora": {"kind": "lora", "select": SITES[name], "init": {"from": str(tmp_path / "peft")}}}
-    with surgery.apply(model, recipe) as s:
-        assert torch.equal(logits(model), logits(theirs))
-        ranks = {module: (live["r"], live["alpha"]) for module, live in s.plan.steps[0].live.items()}
+    first = PEFT_TARGETS[family[0]][0]  # its modules: r 4 and alpha 7 by a pattern keyed by the name's end
+    live = loaded_from_peft(family, tmp_path / "peft", r=2, lora_alpha=3, rank_pattern={first: 4},
+                            alpha_pattern={first: 7})  # fmt: skip
+    ranks = {module: (s["r"], s["alpha"]) for module, s in live.items()}
     assert {v for m, v in ranks.items() if m.endswith("." + first)} == {(4, 7.0)}
     assert {v for m, v in ranks.items() if not m.endswith("." + first)} == {(2, 3.0)}
