@@ -529,7 +529,7 @@ def test_a_glob_from_another_architecture_gets_the_closest_names_and_the_site_th
             loaded(zoo, "llama"), {"a": {"kind": "modify_output", "select": "transformer.h.*.mlp", "op": "zero"}}
         )
     assert "Closest module names: model.layers.0.mlp, model.layers.1.mlp," in str(e.value)
-    assert "the site @mlp names model.layers.0.mlp (and its like in each of the 2 blocks)" in str(e.value)
+    assert "the same parts are model.layers.0.mlp, model.layers.1.mlp (@mlp names them on every family)" in str(e.value)
 
 
 # ---------------------------------------------------------------- the real entry point: a few subprocess runs

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from surgery.arch.families import BY_BLOCK, POST_NORM, Family, Path
+from surgery.arch.foreign import foreign_hint
 from surgery.arch.sitemap import BLOCK_SITES, HINT_ORDER, MODEL_SITES, STACK_ROLES, SiteMap, Stack
 from surgery.core.select import ModuleIndex
 from surgery.errors import ConfigError
@@ -317,14 +318,18 @@ def site_map_text(model: nn.Module) -> str:
         return ""
 
 
-def site_hint(index: ModuleIndex, close: list[str]) -> str:
-    """ " The site @mlp names model.layers.0.mlp ..." when a site would have matched the closest name; else ""."""
+def site_hint(index: ModuleIndex, close: list[str], pattern: str) -> str:
+    """ " The site @mlp names model.layers.0.mlp ..." when a site would have matched the closest name; what another
+    family's module name (``transformer.h.1.attn``) is on this model; else ""."""
     if not close or not len(index):
         return ""
     try:
         sites = site_map(index.modules[0], index)
     except ConfigError:
         return ""
+    foreign = foreign_hint(sites, pattern)
+    if foreign:
+        return foreign
     for site in HINT_ORDER:
         if site in sites.absent:
             continue

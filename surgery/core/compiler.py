@@ -30,7 +30,7 @@ from surgery.files.gate import read_text
 SHOWN = 6  # matched names shown per row of the plan table
 SelectorRewrite = Callable[[nn.Module, ModuleIndex, dict[str, Any]], dict[str, Any]]
 SELECTOR_REWRITES: list[SelectorRewrite] = []  # selectors the engine does not know; surgery.arch adds the @ sites
-NO_MATCH_HINTS: list[Callable[[ModuleIndex, list[str]], str]] = []  # more to say about the closest names (sites)
+NO_MATCH_HINTS: list[Callable[[ModuleIndex, list[str], str], str]] = []  # more to say: the closest names, the pattern
 
 
 def load_actions(actions: Any) -> dict[str, Any]:
@@ -327,7 +327,7 @@ def _match(cfg: Any, index: ModuleIndex, where: str, strict: bool) -> list[Targe
         by_name = index.select(select, None, exclude, f"{where}.select")
         if not by_name:
             close = closest_names(select[0], names)
-            hint = "".join(found(index, close) for found in NO_MATCH_HINTS)
+            hint = "".join(found(index, close, select[0]) for found in NO_MATCH_HINTS)
             raise NoMatchError(
                 f"{where}.select: {_quote(select)} matched no module. Closest module names:"
                 f" {', '.join(close)}.{hint} Set allow_empty: true if that is expected."
