@@ -221,8 +221,9 @@ def save_peft(surgery: Any, path: Path) -> None:
         "inference_mode": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
         "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
     }  # fmt: skip
-    if not all(math.isfinite(s["alpha"]) for s in live.values()):
-        raise ConfigError(f"save_added.format: lora_alpha {alpha} is not a finite number")
+    for name, settings in live.items():
+        if not math.isfinite(settings["alpha"]):
+            raise ConfigError(f"save_added.format: lora_alpha {settings['alpha']} of {name!r} is not a finite number")
     directory = make_dir(path, "save_added.path")
     write_json(directory / CONFIG_FILE, config, "save_added.path")
     write_tensors(directory / WEIGHTS_FILE, tensors, "save_added.path")

@@ -22,20 +22,10 @@ from surgery.report.study import study_data, study_html, verify_html
 TOKENS_MAX = 64  # examples whose tokens label a splice's features
 
 
-def write_report_html(
-    report: Mapping[str, Any],
-    out_dir: Path,
-    *,
-    tokenizer: Any = None,
-    input_ids: Any = None,
-    captures: Mapping[str, Any] | None = None,
-    actions: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write ``out_dir/report.html`` atomically (see :func:`render_report_html`); return its path."""
+def write_report_html(report: Mapping[str, Any], out_dir: Path, **options: Any) -> Path:
+    """Write ``out_dir/report.html`` atomically (``options`` as :func:`render_report_html` takes them); its path."""
     path = Path(out_dir) / "report.html"
-    text = render_report_html(report, Path(out_dir), tokenizer=tokenizer, input_ids=input_ids, captures=captures,
-                              actions=actions)  # fmt: skip
-    write_text(path, text, "report.html")
+    write_text(path, render_report_html(report, Path(out_dir), **options), "report.html")
     return path
 
 
